@@ -1,0 +1,78 @@
+# moonport build. `make` builds build/moonport; `make test` sets up and runs
+# every test; see README.md for the rest.
+
+CC      ?= gcc
+VARIANT ?= release
+LUAJIT_CFLAGS := $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/include/luajit-2.1)
+LUAJIT_LIBS   := $(shell pkg-config --libs luajit 2>/dev/null || echo -lluajit-5.1)
+
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wstrict-prototypes
+BASE    := -std=gnu11 -g -pthread -D_GNU_SOURCE -Isrc $(WARN) $(LUAJIT_CFLAGS)
+ifeq ($(VARIANT),release)
+  OPT := -O2
+else ifeq ($(VARIANT),asan)
+  OPT := -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+else ifeq ($(VARIANT),tsan)
+  OPT := -O1 -fno-omit-frame-pointer -fsanitize=thread
+else
+  $(error VARIANT must be release, asan or tsan)
+endif
+CFLAGS  += $(BASE) $(OPT)
+LDFLAGS += $(OPT) -pthread -rdynamic
+LDLIBS  += $(LUAJIT_LIBS) -lm -ldl
+
+OUT     := build/$(VARIANT)
+SRCS    := $(wildcard src/core/*.c src/net/*.c src/lx/*.c)
+OBJS    := $(SRCS:%.c=$(OUT)/%.o)
+UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
+BIN     := $(OUT)/moonport
+
+.PHONY: all setup test test-unit test-spec test-asan test-tsan bench run clean
+all: $(BIN)
+	@if [ "$(VARIANT)" = release ]; then ln -sf release/moonport build/moonport; fi
+
+$(OUT)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BIN): $(OBJS) $(OUT)/src/main.o
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(OUT)/unit/%: spec/c/%.c $(OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+setup:
+	@bash scripts/setup
+
+# The README's test command: set up, build, C unit tests, then the specs.
+test: setup
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory test-unit test-spec
+
+test-unit: $(UNIT)
+	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
+
+test-spec: all
+	@MOONPORT_BIN=$(abspath $(BIN)) bash scripts/run-specs
+
+test-asan: setup
+	@$(MAKE) --no-print-directory VARIANT=asan all test-unit
+	@MOONPORT_BIN=$(abspath build/asan/moonport) bash scripts/run-specs
+
+test-tsan: setup
+	@$(MAKE) --no-print-directory VARIANT=tsan all test-unit
+	@MOONPORT_BIN=$(abspath build/tsan/moonport) MOONPORT_TEST_THREADS=4 \
+	  bash scripts/run-specs
+
+bench: all
+	@bash scripts/setup --bench
+	@bash scripts/bench-echo
+
+run: all
+	./build/moonport examples/echo.lua
+
+clean:
+	rm -rf build
+
+-include $(OBJS:.o=.d) $(OUT)/src/main.d

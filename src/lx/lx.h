@@ -1,0 +1,164 @@
+/* lx: the Lua binding's shared internals: lanes (one thread, one reactor,
+ * one lua_State each), the callback runner, and the process-wide server
+ * that owns the lanes and the shared listening sockets. */
+#ifndef MP_LX_H
+#define MP_LX_H
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/defer.h"
+#include "net/reactor.h"
+
+#define MOONPORT_VERSION "0.1.0"
+
+typedef struct lx_server lx_server_t;
+typedef struct lx_lane lx_lane_t;
+typedef struct lx_timer lx_timer_t;
+
+/* What a callback is about, for error handling and for holding. */
+enum { LX_PLAIN = 0, LX_CONN, LX_TIMER };
+
+typedef struct {
+  lua_State *co;
+  int co_ref;
+  int kind;
+  conn_t *c;          /* LX_CONN: held while suspended */
+  lx_timer_t *timer;  /* LX_TIMER: stopped on error */
+  const char *what;   /* "on_data", "timer", ... for the log */
+} lx_run_t;
+
+/* A suspended callback waiting for a timer (mp.sleep). */
+typedef struct lx_sleep {
+  mp_timer_t timer;
+  lx_run_t run;
+  lx_lane_t *ln;
+  struct lx_sleep *prev, *next;
+} lx_sleep_t;
+
+/* A shared listening socket: every lane that listens on the same address
+ * accepts from one fd. Guarded by lx_server.listen_lock. */
+typedef struct lx_shared_listener {
+  char *key;  /* "tcp:ADDR:PORT" or "unix:PATH" */
+  char *path; /* Unix path to unlink at exit, or NULL */
+  int fd;
+  int refs;
+  struct lx_shared_listener *next;
+} lx_shared_listener_t;
+
+struct lx_server {
+  const char *script;
+  int argc;   /* script arguments */
+  char **argv;
+  size_t nlanes;
+  lx_lane_t **lanes;
+  reactor_group_t group;
+  uint64_t grace_ms;
+  pthread_mutex_t listen_lock;
+  lx_shared_listener_t *listeners; /* guarded by listen_lock */
+  _Atomic int lanes_done;          /* lanes whose loop has returned */
+};
+
+/* Everything in a lane belongs to the lane's thread (after start-up, which
+ * runs on the main thread before the lane thread exists). */
+struct lx_lane {
+  lx_server_t *srv;
+  int index; /* 0-based; Lua sees index + 1 */
+  reactor_t *r;
+  lua_State *L;
+  lx_run_t *running;  /* the callback now running, or NULL */
+  bool yield_ok;      /* set by a waiting API right before lua_yield */
+  struct lx_idle_co {
+    lua_State *co;
+    int ref; /* registry anchor */
+  } *idle;   /* coroutines ready for the next callback */
+  int idle_n, idle_cap;
+  int start_ref, stop_ref; /* registry: lists of mp.on handlers */
+  struct lx_service *services; /* every service of this lane */
+  lx_sleep_t *sleeps;          /* suspended in mp.sleep */
+};
+
+/* ---- lx_lane.c ---- */
+
+/* Makes lane `index` of `srv`: a reactor and a lua_State with the standard
+ * libraries and the moonport module, then runs the script's top level.
+ * On failure returns NULL and puts one line (without "moonport: ") in
+ * err. Main thread. */
+lx_lane_t *lx_lane_new(lx_server_t *srv, int index, char *err, size_t errlen);
+/* Frees a lane whose loop has returned (or never ran). Main thread. */
+void lx_lane_free(lx_lane_t *ln);
+/* The lane thread's body: start handlers, the loop, done. */
+void lx_lane_run(lx_lane_t *ln);
+
+/* Takes the function and nargs arguments on top of `from` (a coroutine of
+ * this lane, or its main state) and runs them in a pooled coroutine. */
+void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
+             lx_timer_t *timer, const char *what);
+/* Pushes the function at registry `ref` onto a fresh pooled coroutine and
+ * returns it, for callers that push arguments straight onto it (the hot
+ * path). Then lx_call_on(ln, co, ref, nargs, ...). */
+lua_State *lx_co_take(lx_lane_t *ln, int *co_ref);
+void lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
+                conn_t *c, lx_timer_t *timer, const char *what);
+/* Continues a suspended callback (the run was copied when it suspended). */
+void lx_resume(lx_lane_t *ln, lx_run_t *run, int nargs);
+
+/* Runs every function of the list at registry `list_ref`. */
+void lx_call_list(lx_lane_t *ln, int list_ref, const char *what);
+
+/* The lane of a state (from the registry). */
+lx_lane_t *lx_lane_of(lua_State *L);
+
+/* Pushes nil and a message for a negative errno, returns 2. */
+int lx_push_fail(lua_State *L, int err);
+/* A lower-case message for a negative errno ("connection refused"). */
+const char *lx_errmsg(int err, char *buf, size_t len);
+
+/* ---- lx_conn.c ---- */
+
+/* A set of handlers with its protocol: a listener's, or one client's. */
+typedef struct lx_service {
+  proto_t proto;
+  lx_lane_t *ln;
+  int on_open, on_data, on_ready, on_timeout, on_shutdown, on_close,
+      on_fail; /* registry refs or LUA_NOREF */
+  conn_opts_t opts;
+  listener_t *listener;
+  lx_shared_listener_t *shared;
+  int conns;   /* connections using it */
+  bool client; /* freed with its one connection */
+  bool closed; /* the listener is closed */
+  struct lx_service *prev, *next;
+} lx_service_t;
+
+/* Registers the connection metatable in L. */
+void lx_conn_open(lua_State *L, lx_lane_t *ln);
+/* Reads the on_* handlers and options of table at `idx` into a new
+ * service (raises on bad values). */
+lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
+                             bool client);
+/* Frees a service when nothing uses it any more. */
+void lx_service_maybe_free(lx_service_t *s);
+void lx_service_free(lx_service_t *s);
+/* Pushes the connection object for c (made on first use). */
+void lx_conn_push(lua_State *L, lx_lane_t *ln, conn_t *c);
+/* Pushes a connection object that is already closed. */
+void lx_conn_push_closed(lua_State *L, lx_lane_t *ln);
+
+/* ---- lx_moonport.c ---- */
+
+/* A timer whose callback failed: stop it without its on_done. */
+void lx_timer_failed(lx_timer_t *t);
+
+/* The `moonport` module loader (package.preload). */
+int luaopen_moonport(lua_State *L);
+/* Releases this lane's hold on shared listeners of a closed service. */
+void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl);
+/* Closes every shared listener and unlinks Unix paths. Main thread, at
+ * exit. */
+void lx_server_close_listeners(lx_server_t *srv);
+
+#endif

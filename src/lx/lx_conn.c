@@ -1,0 +1,414 @@
+/* lx_conn: connection objects for Lua, and the protocol that runs a
+ * service's Lua handlers for each connection event. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "lx/lx.h"
+
+#define LX_CONN_MT "moonport.conn"
+/* Writes at least this long are queued by reference to the Lua string
+ * (when the socket does not take them at once) instead of copied. */
+#define LX_ZERO_COPY_MIN 16384
+
+typedef struct {
+  sock_uuid_t uuid; /* 0 for a connection that never existed */
+} lx_conn_ud_t;
+
+/* Registry keys (their addresses). */
+static const char lx_noenv_key = 0;
+
+/* conn.env lives in the userdata's environment table, made on first use,
+ * so an idle connection that never touches it pays nothing. The __index
+ * is Lua so that LuaJIT can compile method look-ups into traces. */
+static const char lx_index_src[] =
+    "local methods, NOENV, getfenv, setfenv = ...\n"
+    "local function index(self, k)\n"
+    "  local m = methods[k]\n"
+    "  if m ~= nil then return m end\n"
+    "  if k == 'env' then\n"
+    "    local e = getfenv(self)\n"
+    "    if e == NOENV then e = {}; setfenv(self, e) end\n"
+    "    return e\n"
+    "  end\n"
+    "end\n"
+    "local function newindex(self, k, v)\n"
+    "  if k == 'env' and type(v) == 'table' then setfenv(self, v) return end\n"
+    "  error(\"a connection has no field '\" .. tostring(k) ..\n"
+    "        \"' to set (keep state in conn.env)\", 2)\n"
+    "end\n"
+    "return index, newindex\n";
+
+static lx_lane_t *lx__ln(lua_State *L) {
+  return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+static lx_conn_ud_t *lx__check(lua_State *L) {
+  return luaL_checkudata(L, 1, LX_CONN_MT);
+}
+
+/* The live connection behind argument 1, or NULL once it closed. */
+static conn_t *lx__conn(lua_State *L, lx_lane_t *ln) {
+  lx_conn_ud_t *ud = lx__check(L);
+  return ud->uuid ? reactor_conn_find(ln->r, ud->uuid) : NULL;
+}
+
+static int lx__ref_of(conn_t *c) { return (int)(intptr_t)reactor_conn_udata(c); }
+
+static void lx__new_ud(lua_State *L, sock_uuid_t uuid) {
+  lx_conn_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
+  ud->uuid = uuid;
+  luaL_getmetatable(L, LX_CONN_MT);
+  lua_setmetatable(L, -2);
+  lua_pushlightuserdata(L, (void *)&lx_noenv_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_setfenv(L, -2);
+}
+
+void lx_conn_push(lua_State *L, lx_lane_t *ln, conn_t *c) {
+  int ref = lx__ref_of(c);
+  if (ref > 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    return;
+  }
+  lx__new_ud(L, reactor_conn_uuid(c));
+  lua_pushvalue(L, -1);
+  reactor_conn_set_udata(c, (void *)(intptr_t)luaL_ref(L, LUA_REGISTRYINDEX));
+}
+
+void lx_conn_push_closed(lua_State *L, lx_lane_t *ln) { lx__new_ud(L, 0); }
+
+/* ---- methods ---- */
+
+static void lx__unref_string(void *ctx, void *ctx2) {
+  lx_lane_t *ln = ctx;
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, (int)(intptr_t)ctx2);
+}
+
+static int lx_conn_write(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  conn_t *c = lx__conn(L, ln);
+  size_t len;
+  const char *p = luaL_checklstring(L, 2, &len);
+  if (!c) return lx_push_fail(L, -EPIPE);
+  int rc;
+  if (len >= LX_ZERO_COPY_MIN) {
+    lua_pushvalue(L, 2);
+    int ref = luaL_ref(ln->L, LUA_REGISTRYINDEX); /* released when sent */
+    rc = reactor_conn_write_ref(c, p, len, lx__unref_string, ln,
+                                (void *)(intptr_t)ref);
+  } else {
+    rc = reactor_conn_write(c, p, len);
+  }
+  if (rc) return lx_push_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lx_conn_sendfile(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  conn_t *c = lx__conn(L, ln);
+  const char *path = luaL_checkstring(L, 2);
+  lua_Number off = luaL_optnumber(L, 3, 0);
+  lua_Number len = luaL_optnumber(L, 4, -1);
+  if (off < 0) return luaL_argerror(L, 3, "offset must be >= 0");
+  if (!c) return lx_push_fail(L, -EPIPE);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return lx_push_fail(L, -errno);
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    int e = errno ? errno : EISDIR;
+    close(fd);
+    return lx_push_fail(L, S_ISREG(st.st_mode) ? -e : -EISDIR);
+  }
+  if (off > (lua_Number)st.st_size) off = (lua_Number)st.st_size;
+  size_t left = (size_t)st.st_size - (size_t)off;
+  size_t n = len < 0 || len > (lua_Number)left ? left : (size_t)len;
+  int rc = reactor_conn_sendfile(c, fd, (off_t)off, n);
+  if (rc) return lx_push_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lx_conn_close(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  conn_t *c = lx__conn(L, ln);
+  if (c) {
+    if (lua_toboolean(L, 2))
+      reactor_conn_force_close(c, CONN_LOCAL);
+    else
+      reactor_conn_close(c, CONN_LOCAL);
+  }
+  return 0;
+}
+
+static int lx_conn_pause(lua_State *L) {
+  conn_t *c = lx__conn(L, lx__ln(L));
+  if (c) reactor_conn_pause(c);
+  return 0;
+}
+
+static int lx_conn_resume(lua_State *L) {
+  conn_t *c = lx__conn(L, lx__ln(L));
+  if (c) reactor_conn_resume(c);
+  return 0;
+}
+
+static int lx_conn_peer(lua_State *L) {
+  conn_t *c = lx__conn(L, lx__ln(L));
+  char ip[64];
+  int port;
+  if (!c || sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port)) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushstring(L, ip);
+  if (strcmp(ip, "unix") == 0)
+    lua_pushliteral(L, "");
+  else
+    lua_pushinteger(L, port);
+  return 2;
+}
+
+static int lx_conn_id(lua_State *L) {
+  lx_conn_ud_t *ud = lx__check(L);
+  lua_pushnumber(L, (lua_Number)ud->uuid);
+  return 1;
+}
+
+static int lx_conn_is_open(lua_State *L) {
+  conn_t *c = lx__conn(L, lx__ln(L));
+  lua_pushboolean(L, c && reactor_conn_is_open(c));
+  return 1;
+}
+
+static int lx_conn_pending(lua_State *L) {
+  conn_t *c = lx__conn(L, lx__ln(L));
+  lua_pushnumber(L, c ? (lua_Number)reactor_conn_pending(c) : 0);
+  return 1;
+}
+
+static int lx_conn_timeout(lua_State *L) {
+  conn_t *c = lx__conn(L, lx__ln(L));
+  if (lua_gettop(L) >= 2) {
+    lua_Number sec = luaL_checknumber(L, 2);
+    if (sec < 0 || sec > 4000000) return luaL_argerror(L, 2, "seconds out of range");
+    if (c) reactor_conn_set_timeout(c, (uint32_t)(sec * 1000));
+    return 0;
+  }
+  if (!c) return 0;
+  lua_pushnumber(L, reactor_conn_timeout(c) / 1000.0);
+  return 1;
+}
+
+static int lx_conn_tostring(lua_State *L) {
+  lx_conn_ud_t *ud = lx__check(L);
+  lua_pushfstring(L, "moonport.conn(%f)", (lua_Number)ud->uuid);
+  return 1;
+}
+
+static const luaL_Reg lx_conn_methods[] = {
+    {"write", lx_conn_write},     {"sendfile", lx_conn_sendfile},
+    {"close", lx_conn_close},     {"pause", lx_conn_pause},
+    {"resume", lx_conn_resume},   {"peer", lx_conn_peer},
+    {"id", lx_conn_id},           {"is_open", lx_conn_is_open},
+    {"pending", lx_conn_pending}, {"timeout", lx_conn_timeout},
+    {NULL, NULL}};
+
+void lx_conn_open(lua_State *L, lx_lane_t *ln) {
+  lua_pushlightuserdata(L, (void *)&lx_noenv_key);
+  lua_newtable(L);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+
+  luaL_newmetatable(L, LX_CONN_MT);
+  if (luaL_loadbuffer(L, lx_index_src, sizeof(lx_index_src) - 1,
+                      "=moonport.conn"))
+    lua_error(L);
+  lua_newtable(L);
+  lua_pushlightuserdata(L, ln);
+  luaL_setfuncs(L, lx_conn_methods, 1);
+  lua_pushlightuserdata(L, (void *)&lx_noenv_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_getglobal(L, "debug");
+  lua_getfield(L, -1, "getfenv");
+  lua_getfield(L, -2, "setfenv");
+  lua_remove(L, -3);
+  lua_call(L, 4, 2);
+  lua_setfield(L, -3, "__newindex");
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, lx_conn_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pushliteral(L, "moonport.conn");
+  lua_setfield(L, -2, "__metatable");
+  lua_pop(L, 1);
+}
+
+/* ---- the protocol: connection events into Lua ---- */
+
+static lx_service_t *lx__svc(conn_t *c) { return reactor_conn_service(c); }
+
+/* Calls handler `ref` with the connection (and what push_more adds). */
+static void lx__dispatch(conn_t *c, int ref, const char *what) {
+  lx_service_t *s = lx__svc(c);
+  lx_lane_t *ln = s->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, ref);
+  lx_conn_push(co, ln, c);
+  lx_call_on(ln, co, co_ref, 1, LX_CONN, c, NULL, what);
+}
+
+static void lx_on_open(conn_t *c) {
+  lx_service_t *s = lx__svc(c);
+  if (!s->client) s->conns++;
+  if (s->on_open != LUA_NOREF) lx__dispatch(c, s->on_open, "on_open");
+}
+
+static void lx_on_data(conn_t *c, const char *data, size_t len) {
+  lx_service_t *s = lx__svc(c);
+  lx_lane_t *ln = s->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, s->on_data);
+  lx_conn_push(co, ln, c);
+  lua_pushlstring(co, data, len);
+  lx_call_on(ln, co, co_ref, 2, LX_CONN, c, NULL, "on_data");
+}
+
+static void lx_on_ready(conn_t *c) {
+  lx__dispatch(c, lx__svc(c)->on_ready, "on_ready");
+}
+
+static void lx_on_timeout(conn_t *c) {
+  lx__dispatch(c, lx__svc(c)->on_timeout, "on_timeout");
+}
+
+static void lx_on_shutdown(conn_t *c) {
+  lx__dispatch(c, lx__svc(c)->on_shutdown, "on_shutdown");
+}
+
+/* The last event: the Lua handler gets the object on its stack, so the
+ * registry anchor can go now. */
+static void lx__last(conn_t *c, int ref, const char *what, const char *arg) {
+  lx_service_t *s = lx__svc(c);
+  lx_lane_t *ln = s->ln;
+  if (ref != LUA_NOREF) {
+    int co_ref;
+    lua_State *co = lx_co_take(ln, &co_ref);
+    lua_rawgeti(co, LUA_REGISTRYINDEX, ref);
+    lx_conn_push(co, ln, c);
+    lua_pushstring(co, arg);
+    lx_call_on(ln, co, co_ref, 2, LX_CONN, c, NULL, what);
+  }
+  int udref = lx__ref_of(c);
+  if (udref > 0) luaL_unref(ln->L, LUA_REGISTRYINDEX, udref);
+  reactor_conn_set_udata(c, NULL);
+  s->conns--;
+  lx_service_maybe_free(s);
+}
+
+static void lx_on_close(conn_t *c, int reason) {
+  lx__last(c, lx__svc(c)->on_close, "on_close", reactor_reason_name(reason));
+}
+
+static void lx_on_fail(conn_t *c, int err) {
+  char buf[128];
+  lx__last(c, lx__svc(c)->on_fail, "on_fail", lx_errmsg(err, buf, sizeof(buf)));
+}
+
+/* ---- services ---- */
+
+static int lx__handler(lua_State *L, int idx, const char *name) {
+  lua_getfield(L, idx, name);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return LUA_NOREF;
+  }
+  if (!lua_isfunction(L, -1))
+    luaL_error(L, "%s must be a function (got %s)", name, luaL_typename(L, -1));
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+static lua_Number lx__number(lua_State *L, int idx, const char *name,
+                             lua_Number def, lua_Number min, lua_Number max) {
+  lua_getfield(L, idx, name);
+  lua_Number v = def;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER)
+      luaL_error(L, "%s must be a number (got %s)", name, luaL_typename(L, -1));
+    v = lua_tonumber(L, -1);
+    if (v < min || v > max)
+      luaL_error(L, "%s out of range (%f not in %f..%f)", name, v, min, max);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
+                             bool client) {
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  /* Options first: they raise, and nothing is allocated yet. */
+  lua_Number timeout = lx__number(L, idx, "timeout", client ? 0 : 40, 0, 4e6);
+  lua_Number limit = lx__number(L, idx, "write_limit",
+                                (lua_Number)REACTOR_DEFAULT_WRITE_LIMIT, 1024,
+                                (lua_Number)((size_t)1 << 40));
+  static const char *const names[] = {"on_open",     "on_data",  "on_ready",
+                                      "on_timeout",  "on_shutdown",
+                                      "on_close",    "on_fail"};
+  for (int i = 0; i < 7; i++) {
+    lua_getfield(L, idx, names[i]);
+    if (!lua_isnil(L, -1) && !lua_isfunction(L, -1))
+      luaL_error(L, "%s must be a function (got %s)", names[i],
+                 luaL_typename(L, -1));
+    lua_pop(L, 1);
+  }
+  lx_service_t *s = calloc(1, sizeof(*s));
+  if (!s) luaL_error(L, "out of memory");
+  s->ln = ln;
+  s->client = client;
+  s->opts.timeout_ms = (uint32_t)(timeout * 1000);
+  s->opts.write_limit = (size_t)limit;
+  s->on_open = lx__handler(L, idx, "on_open");
+  s->on_data = lx__handler(L, idx, "on_data");
+  s->on_ready = lx__handler(L, idx, "on_ready");
+  s->on_timeout = lx__handler(L, idx, "on_timeout");
+  s->on_shutdown = lx__handler(L, idx, "on_shutdown");
+  s->on_close = lx__handler(L, idx, "on_close");
+  s->on_fail = client ? lx__handler(L, idx, "on_fail") : LUA_NOREF;
+  s->proto.on_open = lx_on_open;
+  s->proto.on_data = s->on_data != LUA_NOREF ? lx_on_data : NULL;
+  s->proto.on_ready = s->on_ready != LUA_NOREF ? lx_on_ready : NULL;
+  s->proto.on_timeout = s->on_timeout != LUA_NOREF ? lx_on_timeout : NULL;
+  s->proto.on_shutdown = s->on_shutdown != LUA_NOREF ? lx_on_shutdown : NULL;
+  s->proto.on_close = lx_on_close;
+  s->proto.on_fail = lx_on_fail;
+  s->next = ln->services;
+  if (s->next) s->next->prev = s;
+  ln->services = s;
+  return s;
+}
+
+void lx_service_free(lx_service_t *s) {
+  lx_lane_t *ln = s->ln;
+  int *refs[] = {&s->on_open,     &s->on_data,  &s->on_ready, &s->on_timeout,
+                 &s->on_shutdown, &s->on_close, &s->on_fail};
+  for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++)
+    luaL_unref(ln->L, LUA_REGISTRYINDEX, *refs[i]);
+  if (s->listener) reactor_listener_close(s->listener);
+  if (s->shared) lx_shared_release(ln->srv, s->shared);
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    ln->services = s->next;
+  if (s->next) s->next->prev = s->prev;
+  free(s);
+}
+
+void lx_service_maybe_free(lx_service_t *s) {
+  if (s->conns > 0) return;
+  if (s->client || s->closed) lx_service_free(s);
+}

@@ -1,0 +1,283 @@
+/* lx_lane: a lane's Lua VM, its coroutine pool and the callback runner. */
+#include <errno.h>
+#include <libgen.h>
+#include <lualib.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "lx/lx.h"
+
+/* Registry key whose address identifies the lane of a lua_State. */
+static const char lx_lane_key = 0;
+
+#ifndef MOONPORT_LUA_DIR
+#define MOONPORT_LUA_DIR "lua"
+#endif
+
+#define LX_IDLE_MAX 256
+
+lx_lane_t *lx_lane_of(lua_State *L) {
+  lua_pushlightuserdata(L, (void *)&lx_lane_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lx_lane_t *ln = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return ln;
+}
+
+const char *lx_errmsg(int err, char *buf, size_t len) {
+  switch (err) {
+  case -ETIMEDOUT: return "timeout";
+  case -ECANCELED: return "shutdown";
+  case -EADDRNOTAVAIL: return "cannot resolve address";
+  case -EPIPE: return "closed";
+  default: break;
+  }
+  const char *m = strerror_r(-err, buf, len);
+  if (m != buf) {
+    snprintf(buf, len, "%s", m);
+  }
+  if (buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z'))
+    buf[0] = (char)(buf[0] - 'A' + 'a');
+  return buf;
+}
+
+int lx_push_fail(lua_State *L, int err) {
+  char buf[128];
+  lua_pushnil(L);
+  lua_pushstring(L, lx_errmsg(err, buf, sizeof(buf)));
+  return 2;
+}
+
+/* ---- the coroutine pool ---- */
+
+lua_State *lx_co_take(lx_lane_t *ln, int *co_ref) {
+  if (ln->idle_n > 0) {
+    struct lx_idle_co *e = &ln->idle[--ln->idle_n];
+    *co_ref = e->ref;
+    return e->co;
+  }
+  lua_State *co = lua_newthread(ln->L);
+  *co_ref = luaL_ref(ln->L, LUA_REGISTRYINDEX);
+  return co;
+}
+
+static void lx__co_give_back(lx_lane_t *ln, lua_State *co, int co_ref) {
+  lua_settop(co, 0);
+  if (ln->idle_n == ln->idle_cap && ln->idle_cap < LX_IDLE_MAX) {
+    int cap = ln->idle_cap ? ln->idle_cap * 2 : 16;
+    struct lx_idle_co *idle = realloc(ln->idle, (size_t)cap * sizeof(*idle));
+    if (idle) {
+      ln->idle = idle;
+      ln->idle_cap = cap;
+    }
+  }
+  if (ln->idle_n < ln->idle_cap) {
+    ln->idle[ln->idle_n++] = (struct lx_idle_co){co, co_ref};
+    return;
+  }
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, co_ref);
+}
+
+/* ---- running callbacks ---- */
+
+static void lx__hold(lx_lane_t *ln, lx_run_t *run) {
+  if (run->kind == LX_CONN && run->c)
+    reactor_conn_hold(run->c);
+  else
+    reactor_ref(ln->r);
+}
+
+static void lx__release(lx_lane_t *ln, lx_run_t *run) {
+  if (run->kind == LX_CONN && run->c)
+    reactor_conn_release(run->c);
+  else
+    reactor_unref(ln->r);
+}
+
+/* Handles the error of a failed callback where it happened. */
+static void lx__failed(lx_lane_t *ln, lx_run_t *run, int status) {
+  lua_State *L = ln->L;
+  const char *msg = lua_tostring(run->co, -1);
+  if (status == LUA_YIELD)
+    msg = "attempt to yield from a callback outside a moonport waiting API "
+          "(use mp.sleep; coroutines of your own must be resumed by you)";
+  else if (!msg)
+    msg = "(error object is not a string)";
+  luaL_traceback(L, run->co, msg, 0);
+  log_error("error in %s: %s", run->what, lua_tostring(L, -1));
+  lua_pop(L, 1);
+  if (run->kind == LX_CONN && run->c)
+    reactor_conn_force_close(run->c, CONN_ERROR);
+  else if (run->kind == LX_TIMER && run->timer)
+    lx_timer_failed(run->timer);
+}
+
+/* One resume of a run; `resumed` says it was suspended before (and so is
+ * held). */
+static void lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
+  lx_run_t *outer = ln->running;
+  ln->running = run;
+  ln->yield_ok = false;
+  int status = lua_resume(run->co, nargs);
+  ln->running = outer;
+  if (status == LUA_YIELD && ln->yield_ok) {
+    ln->yield_ok = false;
+    if (!resumed) lx__hold(ln, run);
+    return; /* the waiting API keeps a copy of *run */
+  }
+  if (status == 0) {
+    lx__co_give_back(ln, run->co, run->co_ref);
+  } else {
+    lx__failed(ln, run, status);
+    luaL_unref(ln->L, LUA_REGISTRYINDEX, run->co_ref);
+  }
+  if (resumed) lx__release(ln, run);
+}
+
+void lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
+                conn_t *c, lx_timer_t *timer, const char *what) {
+  lx_run_t run = {co, co_ref, kind, c, timer, what};
+  lx__step(ln, &run, nargs, false);
+}
+
+void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
+             lx_timer_t *timer, const char *what) {
+  int ref;
+  lua_State *co = lx_co_take(ln, &ref);
+  lua_xmove(from, co, nargs + 1);
+  lx_call_on(ln, co, ref, nargs, kind, c, timer, what);
+}
+
+void lx_resume(lx_lane_t *ln, lx_run_t *run, int nargs) {
+  lx__step(ln, run, nargs, true);
+}
+
+void lx_call_list(lx_lane_t *ln, int list_ref, const char *what) {
+  lua_State *L = ln->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, list_ref);
+  int n = (int)lua_objlen(L, -1);
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    lx_call(ln, L, 0, LX_PLAIN, NULL, NULL, what);
+  }
+  lua_pop(L, 1);
+}
+
+/* ---- lanes ---- */
+
+static void lx__set_paths(lua_State *L, const char *script) {
+  char *copy = strdup(script);
+  const char *dir = copy ? dirname(copy) : ".";
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s/?.lua;%s/?/init.lua;%s", dir,
+                  dir, MOONPORT_LUA_DIR, MOONPORT_LUA_DIR, lua_tostring(L, -1));
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+  free(copy);
+}
+
+static void lx__set_args(lua_State *L, lx_server_t *srv) {
+  lua_createtable(L, srv->argc, 1);
+  lua_pushstring(L, srv->script);
+  lua_rawseti(L, -2, 0);
+  for (int i = 0; i < srv->argc; i++) {
+    lua_pushstring(L, srv->argv[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setglobal(L, "arg");
+}
+
+lx_lane_t *lx_lane_new(lx_server_t *srv, int index, char *err, size_t errlen) {
+  lx_lane_t *ln = calloc(1, sizeof(*ln));
+  if (!ln) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  ln->srv = srv;
+  ln->index = index;
+  ln->start_ref = ln->stop_ref = LUA_NOREF;
+  ln->r = reactor_new(index);
+  if (!ln->r) {
+    snprintf(err, errlen, "cannot create an event loop: %s", strerror(errno));
+    free(ln);
+    return NULL;
+  }
+  lua_State *L = ln->L = luaL_newstate();
+  if (!L) {
+    snprintf(err, errlen, "cannot create a Lua state");
+    lx_lane_free(ln);
+    return NULL;
+  }
+  luaL_openlibs(L);
+  lua_pushlightuserdata(L, (void *)&lx_lane_key);
+  lua_pushlightuserdata(L, ln);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  ln->start_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  ln->stop_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lx_conn_open(L, ln);
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_moonport);
+  lua_setfield(L, -2, "moonport");
+  lua_pop(L, 2);
+  lx__set_paths(L, srv->script);
+  lx__set_args(L, srv);
+
+  int rc = luaL_loadfile(L, srv->script);
+  if (rc == 0) rc = lua_pcall(L, 0, 0, 0);
+  if (rc) {
+    const char *m = lua_tostring(L, -1);
+    if (rc == LUA_ERRFILE && m && strncmp(m, "cannot open ", 12) == 0)
+      m += 12; /* "cannot open x.lua" becomes "x.lua: No such file ..." */
+    snprintf(err, errlen, "%s", m ? m : "error loading the script");
+    lx_lane_free(ln);
+    return NULL;
+  }
+  reactor_set_stop_hook(ln->r, NULL, NULL);
+  return ln;
+}
+
+static void lx__stop_hook(reactor_t *r, void *arg) {
+  lx_lane_t *ln = arg;
+  lx_call_list(ln, ln->stop_ref, "stop handler");
+}
+
+static void lx__start(void *a, void *b) {
+  lx_lane_t *ln = a;
+  lx_call_list(ln, ln->start_ref, "start handler");
+}
+
+void lx_lane_run(lx_lane_t *ln) {
+  reactor_set_stop_hook(ln->r, lx__stop_hook, ln);
+  reactor_defer(ln->r, lx__start, ln, NULL);
+  int rc = reactor_run(ln->r);
+  if (rc) log_error("lane %d: event loop failed: %s", ln->index + 1,
+                    strerror(-rc));
+  atomic_fetch_add(&ln->srv->lanes_done, 1);
+  /* The main thread waits for this in sigtimedwait; wake it at once. */
+  kill(getpid(), SIGCHLD);
+}
+
+void lx_lane_free(lx_lane_t *ln) {
+  if (!ln) return;
+  /* Connections and write queues go first: their release callbacks still
+   * use the Lua state. reactor_free frees the listeners too. */
+  for (struct lx_service *s = ln->services; s; s = s->next) s->listener = NULL;
+  reactor_free(ln->r);
+  while (ln->sleeps) {
+    lx_sleep_t *s = ln->sleeps;
+    ln->sleeps = s->next;
+    free(s);
+  }
+  while (ln->services) lx_service_free(ln->services);
+  if (ln->L) lua_close(ln->L);
+  free(ln->idle);
+  free(ln);
+}

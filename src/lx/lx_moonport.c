@@ -1,0 +1,512 @@
+/* lx_moonport: the `moonport` Lua module: listen, connect, timers, sleep,
+ * defer, lifecycle events and facts about the process. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "lx/lx.h"
+
+#define LX_TIMER_MT "moonport.timer"
+#define LX_LISTENER_MT "moonport.listener"
+
+static lx_lane_t *lx__ln(lua_State *L) {
+  return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* ---- shared listening sockets ---- */
+
+static lx_shared_listener_t *lx__shared_acquire(lx_server_t *srv,
+                                                const char *key,
+                                                const char *host, int port,
+                                                const char *path, int backlog,
+                                                int *err) {
+  pthread_mutex_lock(&srv->listen_lock);
+  lx_shared_listener_t *sl = srv->listeners;
+  while (sl && strcmp(sl->key, key) != 0) sl = sl->next;
+  if (sl) {
+    sl->refs++;
+    pthread_mutex_unlock(&srv->listen_lock);
+    return sl;
+  }
+  int fd = path ? sock_listen_unix(path, backlog)
+                : sock_listen_tcp(host, port, backlog);
+  if (fd < 0) {
+    pthread_mutex_unlock(&srv->listen_lock);
+    *err = fd;
+    return NULL;
+  }
+  sl = calloc(1, sizeof(*sl));
+  if (sl) sl->key = strdup(key);
+  if (sl && path) sl->path = strdup(path);
+  if (!sl || !sl->key || (path && !sl->path)) {
+    if (sl) free(sl->key);
+    free(sl);
+    close(fd);
+    if (path) unlink(path);
+    pthread_mutex_unlock(&srv->listen_lock);
+    *err = -ENOMEM;
+    return NULL;
+  }
+  sl->fd = fd;
+  sl->refs = 1;
+  sl->next = srv->listeners;
+  srv->listeners = sl;
+  pthread_mutex_unlock(&srv->listen_lock);
+  return sl;
+}
+
+static void lx__shared_close(lx_shared_listener_t *sl) {
+  close(sl->fd);
+  if (sl->path) unlink(sl->path);
+  free(sl->path);
+  free(sl->key);
+  free(sl);
+}
+
+void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl) {
+  pthread_mutex_lock(&srv->listen_lock);
+  if (--sl->refs > 0) {
+    pthread_mutex_unlock(&srv->listen_lock);
+    return;
+  }
+  lx_shared_listener_t **pp = &srv->listeners;
+  while (*pp && *pp != sl) pp = &(*pp)->next;
+  if (*pp) *pp = sl->next;
+  pthread_mutex_unlock(&srv->listen_lock);
+  lx__shared_close(sl);
+}
+
+void lx_server_close_listeners(lx_server_t *srv) {
+  pthread_mutex_lock(&srv->listen_lock);
+  lx_shared_listener_t *sl = srv->listeners;
+  srv->listeners = NULL;
+  pthread_mutex_unlock(&srv->listen_lock);
+  while (sl) {
+    lx_shared_listener_t *next = sl->next;
+    lx__shared_close(sl);
+    sl = next;
+  }
+}
+
+/* ---- mp.listen ---- */
+
+typedef struct {
+  lx_service_t *svc; /* NULL once closed */
+  int port;
+  char address[128];
+} lx_listener_ud_t;
+
+static int lx_listen(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "path");
+  lua_getfield(L, 1, "address");
+  lua_getfield(L, 1, "port");
+  lua_getfield(L, 1, "backlog");
+  const char *path = lua_tostring(L, -4);
+  const char *host = luaL_optstring(L, -3, "0.0.0.0");
+  int backlog = (int)luaL_optinteger(L, -1, SOMAXCONN);
+  int port = 0;
+  if (!path) {
+    if (lua_type(L, -2) != LUA_TNUMBER && lua_type(L, -2) != LUA_TSTRING)
+      return luaL_error(L, "mp.listen: give a port (TCP) or a path (Unix)");
+    lua_Number p = lua_tonumber(L, -2);
+    if (p < 0 || p > 65535 || p != (int)p)
+      return luaL_error(L, "mp.listen: bad port %s", lua_tostring(L, -2));
+    port = (int)p;
+  }
+  char key[400], desc[300];
+  if (path) {
+    snprintf(key, sizeof(key), "unix:%s", path);
+    snprintf(desc, sizeof(desc), "unix:%s", path);
+  } else {
+    snprintf(key, sizeof(key), "tcp:%s:%d", host, port);
+    snprintf(desc, sizeof(desc), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
+             port);
+  }
+  lx_service_t *svc = lx_service_new(L, ln, 1, false);
+  int err = 0;
+  lx_shared_listener_t *sl =
+      lx__shared_acquire(ln->srv, key, host, port, path, backlog, &err);
+  if (!sl) {
+    lx_service_free(svc);
+    char buf[128];
+    return luaL_error(L, "cannot listen on %s: %s", desc,
+                      lx_errmsg(err, buf, sizeof(buf)));
+  }
+  svc->shared = sl;
+  svc->listener = reactor_listen(ln->r, sl->fd, &svc->proto, svc, svc->opts);
+  if (!svc->listener) {
+    int e = errno;
+    lx_service_free(svc);
+    return luaL_error(L, "cannot listen on %s: %s", desc, strerror(e));
+  }
+  lx_listener_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
+  ud->svc = svc;
+  ud->port = path ? 0 : sock_local_port(sl->fd);
+  snprintf(ud->address, sizeof(ud->address), "%s", path ? path : host);
+  luaL_getmetatable(L, LX_LISTENER_MT);
+  lua_setmetatable(L, -2);
+  if (ln->index == 0) {
+    if (!path && port == 0)
+      snprintf(desc + strlen(desc) - 1, 8, "%d", ud->port);
+    log_info("listening on %s", desc);
+  }
+  return 1;
+}
+
+static int lx_listener_port(lua_State *L) {
+  lx_listener_ud_t *ud = luaL_checkudata(L, 1, LX_LISTENER_MT);
+  lua_pushinteger(L, ud->port);
+  return 1;
+}
+
+static int lx_listener_address(lua_State *L) {
+  lx_listener_ud_t *ud = luaL_checkudata(L, 1, LX_LISTENER_MT);
+  lua_pushstring(L, ud->address);
+  return 1;
+}
+
+static int lx_listener_close(lua_State *L) {
+  lx_listener_ud_t *ud = luaL_checkudata(L, 1, LX_LISTENER_MT);
+  lx_service_t *s = ud->svc;
+  if (!s) return 0;
+  ud->svc = NULL;
+  s->closed = true;
+  if (s->listener) reactor_listener_close(s->listener);
+  s->listener = NULL;
+  if (s->shared) lx_shared_release(s->ln->srv, s->shared);
+  s->shared = NULL;
+  lx_service_maybe_free(s);
+  return 0;
+}
+
+/* ---- mp.connect ---- */
+
+typedef struct {
+  lx_service_t *svc;
+  int err;
+  int udref;
+} lx_fail_later_t;
+
+static void lx__fail_later(void *a, void *b) {
+  lx_fail_later_t *f = a;
+  lx_service_t *s = f->svc;
+  lx_lane_t *ln = s->ln;
+  if (s->on_fail != LUA_NOREF) {
+    char buf[128];
+    lua_State *L = ln->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->on_fail);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, f->udref);
+    lua_pushstring(L, lx_errmsg(f->err, buf, sizeof(buf)));
+    lx_call(ln, L, 2, LX_PLAIN, NULL, NULL, "on_fail");
+  }
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, f->udref);
+  s->conns = 0;
+  lx_service_maybe_free(s);
+  free(f);
+}
+
+static int lx_connect(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "path");
+  lua_getfield(L, 1, "host");
+  lua_getfield(L, 1, "port");
+  lua_getfield(L, 1, "connect_timeout");
+  const char *path = lua_tostring(L, -4);
+  const char *host = luaL_optstring(L, -3, "127.0.0.1");
+  lua_Number port = lua_tonumber(L, -2);
+  lua_Number ct = luaL_optnumber(L, -1, 10);
+  if (!path && (port <= 0 || port > 65535 || port != (int)port))
+    return luaL_error(L, "mp.connect: give a host and port (TCP) or a path "
+                         "(Unix)");
+  if (ct < 0 || ct > 4e6)
+    return luaL_error(L, "mp.connect: connect_timeout out of range");
+  lx_service_t *svc = lx_service_new(L, ln, 1, true);
+  svc->conns = 1;
+  int err = 0;
+  conn_t *c = reactor_connect(ln->r, host, (int)port, path,
+                              (uint32_t)(ct * 1000), &svc->proto, svc,
+                              svc->opts, &err);
+  if (c) {
+    lx_conn_push(L, ln, c);
+    return 1;
+  }
+  /* Failed at once: still answered through on_fail, from the loop, so the
+   * caller sees the same order of events as for a late failure. */
+  lx_fail_later_t *f = malloc(sizeof(*f));
+  if (!f) {
+    lx_service_free(svc);
+    return luaL_error(L, "out of memory");
+  }
+  lx_conn_push_closed(L, ln);
+  lua_pushvalue(L, -1);
+  *f = (lx_fail_later_t){svc, err, luaL_ref(L, LUA_REGISTRYINDEX)};
+  reactor_defer(ln->r, lx__fail_later, f, NULL);
+  return 1;
+}
+
+/* ---- timers ---- */
+
+struct lx_timer {
+  mp_timer_t t;
+  lx_lane_t *ln;
+  int fn_ref, done_ref, self_ref;
+  bool failed;
+};
+
+static void lx__timer_fire(mp_timer_t *mt) {
+  lx_timer_t *t = mt->udata;
+  lx_lane_t *ln = t->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, t->fn_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, t->self_ref);
+  lx_call_on(ln, co, co_ref, 1, LX_TIMER, NULL, t, "timer");
+}
+
+static void lx__timer_finish(mp_timer_t *mt) {
+  lx_timer_t *t = mt->udata;
+  lx_lane_t *ln = t->ln;
+  lua_State *L = ln->L;
+  if (!t->failed && t->done_ref != LUA_NOREF) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->done_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+    lx_call(ln, L, 1, LX_PLAIN, NULL, NULL, "timer on_done");
+  }
+  luaL_unref(L, LUA_REGISTRYINDEX, t->fn_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, t->done_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, t->self_ref); /* collectable from now */
+  t->fn_ref = t->done_ref = t->self_ref = LUA_NOREF;
+}
+
+void lx_timer_failed(lx_timer_t *t) {
+  t->failed = true;
+  timer_stop(reactor_timers(t->ln->r), &t->t);
+}
+
+static lua_Number lx__ms(lua_State *L, int idx) {
+  lua_Number ms = luaL_checknumber(L, idx);
+  if (ms < 0 || ms > 1e12) luaL_argerror(L, idx, "milliseconds out of range");
+  return ms;
+}
+
+static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
+                         lua_Number count, int fn_idx, int done_idx) {
+  lx_lane_t *ln = lx__ln(L);
+  luaL_checktype(L, fn_idx, LUA_TFUNCTION);
+  if (done_idx && !lua_isnoneornil(L, done_idx))
+    luaL_checktype(L, done_idx, LUA_TFUNCTION);
+  lx_timer_t *t = lua_newuserdata(L, sizeof(*t));
+  timer_init(&t->t);
+  t->ln = ln;
+  t->failed = false;
+  t->fn_ref = t->done_ref = t->self_ref = LUA_NOREF;
+  luaL_getmetatable(L, LX_TIMER_MT);
+  lua_setmetatable(L, -2);
+  int rc = timer_start(reactor_timers(ln->r), &t->t, reactor_now(ln->r),
+                       (uint64_t)delay, (uint64_t)interval, (int64_t)count,
+                       lx__timer_fire, lx__timer_finish, t);
+  if (rc) return luaL_error(L, "cannot start a timer: out of memory");
+  lua_pushvalue(L, fn_idx);
+  t->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (done_idx && !lua_isnoneornil(L, done_idx)) {
+    lua_pushvalue(L, done_idx);
+    t->done_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  lua_pushvalue(L, -1);
+  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 1;
+}
+
+static int lx_after(lua_State *L) {
+  return lx__timer_new(L, lx__ms(L, 1), 0, 1, 2, 0);
+}
+
+static int lx_every(lua_State *L) {
+  lua_Number ms = lx__ms(L, 1);
+  lua_Number times = luaL_optnumber(L, 3, 0);
+  if (times < 0) return luaL_argerror(L, 3, "times must be >= 0");
+  return lx__timer_new(L, ms, ms, times, 2, 4);
+}
+
+static int lx_timer_stop(lua_State *L) {
+  lx_timer_t *t = luaL_checkudata(L, 1, LX_TIMER_MT);
+  timer_stop(reactor_timers(t->ln->r), &t->t);
+  return 0;
+}
+
+static int lx_timer_active(lua_State *L) {
+  lx_timer_t *t = luaL_checkudata(L, 1, LX_TIMER_MT);
+  lua_pushboolean(L, t->t.armed);
+  return 1;
+}
+
+/* ---- waiting ---- */
+
+static void lx__sleep_fire(mp_timer_t *mt) {
+  lx_sleep_t *s = mt->udata;
+  lx_lane_t *ln = s->ln;
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    ln->sleeps = s->next;
+  if (s->next) s->next->prev = s->prev;
+  lx_run_t run = s->run;
+  free(s);
+  lx_resume(ln, &run, 0);
+}
+
+static int lx_sleep(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  lua_Number ms = lx__ms(L, 1);
+  if (!ln->running || ln->running->co != L)
+    return luaL_error(L, "mp.sleep: only inside a moonport callback (not at "
+                         "top level, nor in a coroutine of your own)");
+  lx_sleep_t *s = calloc(1, sizeof(*s));
+  if (!s) return luaL_error(L, "mp.sleep: out of memory");
+  s->run = *ln->running;
+  s->ln = ln;
+  timer_init(&s->timer);
+  if (timer_start(reactor_timers(ln->r), &s->timer, reactor_now(ln->r),
+                  (uint64_t)ms, 0, 1, lx__sleep_fire, NULL, s)) {
+    free(s);
+    return luaL_error(L, "mp.sleep: out of memory");
+  }
+  s->next = ln->sleeps;
+  if (s->next) s->next->prev = s;
+  ln->sleeps = s;
+  ln->yield_ok = true;
+  return lua_yield(L, 0);
+}
+
+/* ---- defer, events, stop ---- */
+
+static void lx__defer_run(void *a, void *b) {
+  lx_lane_t *ln = a;
+  int ref = (int)(intptr_t)b;
+  lua_State *L = ln->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  lua_getfield(L, -1, "n");
+  int nargs = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  for (int i = 1; i <= nargs + 1; i++) lua_rawgeti(L, -i, i);
+  lua_remove(L, -(nargs + 2));
+  lx_call(ln, L, nargs, LX_PLAIN, NULL, NULL, "deferred function");
+}
+
+static int lx_defer(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  int n = lua_gettop(L);
+  lua_createtable(L, n, 1);
+  for (int i = 1; i <= n; i++) {
+    lua_pushvalue(L, i);
+    lua_rawseti(L, -2, i);
+  }
+  lua_pushinteger(L, n - 1);
+  lua_setfield(L, -2, "n");
+  int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (reactor_defer(ln->r, lx__defer_run, ln, (void *)(intptr_t)ref)) {
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    return luaL_error(L, "mp.defer: out of memory");
+  }
+  return 0;
+}
+
+static int lx_on(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  const char *name = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  int list;
+  if (strcmp(name, "start") == 0)
+    list = ln->start_ref;
+  else if (strcmp(name, "stop") == 0)
+    list = ln->stop_ref;
+  else
+    return luaL_argerror(L, 1, "unknown event (known: start, stop)");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, list);
+  lua_pushvalue(L, 2);
+  lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
+  return 0;
+}
+
+static int lx_stop(lua_State *L) {
+  kill(getpid(), SIGTERM);
+  return 0;
+}
+
+/* ---- facts ---- */
+
+static int lx_threads(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)lx__ln(L)->srv->nlanes);
+  return 1;
+}
+
+static int lx_lane(lua_State *L) {
+  lua_pushinteger(L, lx__ln(L)->index + 1);
+  return 1;
+}
+
+static int lx_pid(lua_State *L) {
+  lua_pushinteger(L, getpid());
+  return 1;
+}
+
+static int lx_now(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec * 1e3 + (lua_Number)ts.tv_nsec / 1e6);
+  return 1;
+}
+
+static const luaL_Reg lx_functions[] = {
+    {"listen", lx_listen},   {"connect", lx_connect}, {"after", lx_after},
+    {"every", lx_every},     {"sleep", lx_sleep},     {"defer", lx_defer},
+    {"on", lx_on},           {"stop", lx_stop},       {"threads", lx_threads},
+    {"lane", lx_lane},       {"pid", lx_pid},         {"now", lx_now},
+    {NULL, NULL}};
+
+static const luaL_Reg lx_timer_methods[] = {
+    {"stop", lx_timer_stop}, {"active", lx_timer_active}, {NULL, NULL}};
+
+static const luaL_Reg lx_listener_methods[] = {{"port", lx_listener_port},
+                                               {"address", lx_listener_address},
+                                               {"close", lx_listener_close},
+                                               {NULL, NULL}};
+
+static void lx__class(lua_State *L, const char *name, const luaL_Reg *methods) {
+  luaL_newmetatable(L, name);
+  lua_newtable(L);
+  luaL_setfuncs(L, methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__metatable");
+  lua_pop(L, 1);
+}
+
+int luaopen_moonport(lua_State *L) {
+  lx_lane_t *ln = lx_lane_of(L);
+  lx__class(L, LX_TIMER_MT, lx_timer_methods);
+  lx__class(L, LX_LISTENER_MT, lx_listener_methods);
+  lua_newtable(L);
+  lua_pushlightuserdata(L, ln);
+  luaL_setfuncs(L, lx_functions, 1);
+  lua_pushliteral(L, MOONPORT_VERSION);
+  lua_setfield(L, -2, "version");
+  lua_createtable(L, ln->srv->argc, 0);
+  for (int i = 0; i < ln->srv->argc; i++) {
+    lua_pushstring(L, ln->srv->argv[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "args");
+  return 1;
+}

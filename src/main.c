@@ -1,0 +1,213 @@
+/* main: the command line; starts the lanes and turns signals into a
+ * graceful shutdown. */
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/defer.h"
+#include "core/log.h"
+#include "lx/lx.h"
+#include "net/sock.h"
+
+static const char usage[] =
+    "usage: moonport [options] script.lua [script args...]\n"
+    "\n"
+    "Runs a Lua script that serves TCP and Unix sockets (see docs/API.md).\n"
+    "\n"
+    "options (environment variable in brackets):\n"
+    "  -t, --threads N   lanes: threads, each with its own Lua VM (1)\n"
+    "                    [MOONPORT_THREADS]\n"
+    "  -g, --grace SEC   graceful shutdown deadline in seconds (8)\n"
+    "                    [MOONPORT_GRACE]\n"
+    "  -v, --verbose     log lifecycle events [MOONPORT_VERBOSE=1]\n"
+    "  -h, --help        this text\n"
+    "  -V, --version     the version\n";
+
+typedef struct {
+  long threads;
+  double grace;
+  bool verbose;
+} options_t;
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "moonport: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, " (see moonport --help)\n");
+  return 2;
+}
+
+static bool parse_long(const char *s, long min, long max, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_double(const char *s, double min, double max, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v >= min && v <= max)) return false;
+  *out = v;
+  return true;
+}
+
+/* Environment first, so the command line wins. Returns 0 to go on, or an
+ * exit status + 1. */
+static int parse_env(options_t *o) {
+  const char *v;
+  if ((v = getenv("MOONPORT_THREADS")) && *v &&
+      !parse_long(v, 1, 1024, &o->threads))
+    return 1 + usage_error("MOONPORT_THREADS must be 1 to 1024, not '%s'", v);
+  if ((v = getenv("MOONPORT_GRACE")) && *v &&
+      !parse_double(v, 0, 86400, &o->grace))
+    return 1 + usage_error("MOONPORT_GRACE must be 0 to 86400 seconds, not '%s'", v);
+  if ((v = getenv("MOONPORT_VERBOSE")) && *v && strcmp(v, "0") != 0)
+    o->verbose = true;
+  return 0;
+}
+
+/* Takes the value of option `name` from "--name=V", "-xV" or the next
+ * argument. */
+static const char *opt_value(int argc, char **argv, int *i, const char *arg,
+                             size_t skip) {
+  if (arg[skip] == '=') return arg + skip + 1;
+  if (arg[skip]) return arg + skip;
+  if (*i + 1 < argc) return argv[++*i];
+  return NULL;
+}
+
+/* Returns the index of the script argument, or -(exit status) - 1. */
+static int parse_args(int argc, char **argv, options_t *o) {
+  int i = 1;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || a[1] == 0) break;
+    if (strcmp(a, "--") == 0) {
+      i++;
+      break;
+    }
+    const char *v;
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      fputs(usage, stdout);
+      return -1;
+    } else if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
+      printf("moonport %s\n", MOONPORT_VERSION);
+      return -1;
+    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+      o->verbose = true;
+    } else if (strncmp(a, "-t", 2) == 0 || strncmp(a, "--threads", 9) == 0) {
+      size_t skip = a[1] == 't' ? 2 : 9;
+      if (skip == 9 && a[9] && a[9] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, skip);
+      if (!v) return -usage_error("%s needs a number of threads", a) - 1;
+      if (!parse_long(v, 1, 1024, &o->threads))
+        return -usage_error("--threads must be 1 to 1024, not '%s'", v) - 1;
+    } else if (strncmp(a, "-g", 2) == 0 || strncmp(a, "--grace", 7) == 0) {
+      size_t skip = a[1] == 'g' ? 2 : 7;
+      if (skip == 7 && a[7] && a[7] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, skip);
+      if (!v) return -usage_error("%s needs seconds", a) - 1;
+      if (!parse_double(v, 0, 86400, &o->grace))
+        return -usage_error("--grace must be 0 to 86400 seconds, not '%s'", v) - 1;
+    } else {
+      return -usage_error("unknown option '%s'", a) - 1;
+    }
+  }
+  if (i >= argc) return -usage_error("%s", "no script given") - 1;
+  return i;
+}
+
+static void lane_thread(void *arg, size_t index) {
+  lx_server_t *srv = arg;
+  lx_lane_run(srv->lanes[index]);
+}
+
+static void cleanup(lx_server_t *srv) {
+  for (size_t i = 0; i < srv->nlanes; i++) lx_lane_free(srv->lanes[i]);
+  lx_server_close_listeners(srv);
+  free(srv->lanes);
+  free(srv->group.r);
+  pthread_mutex_destroy(&srv->listen_lock);
+  sock_deinit();
+}
+
+int main(int argc, char **argv) {
+  options_t o = {.threads = 1, .grace = 8};
+  int rc = parse_env(&o);
+  if (rc) return rc - 1;
+  int script = parse_args(argc, argv, &o);
+  if (script < 0) return -script - 1;
+  if (o.verbose) log_set_level(LOG_INFO);
+
+  signal(SIGPIPE, SIG_IGN);
+  /* Signals are taken by sigtimedwait on this thread; lanes block them. */
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &sigs, NULL);
+
+  if ((rc = sock_init())) {
+    log_error("cannot start: %s", strerror(-rc));
+    return 1;
+  }
+  lx_server_t srv = {0};
+  srv.script = argv[script];
+  srv.argc = argc - script - 1;
+  srv.argv = argv + script + 1;
+  srv.nlanes = (size_t)o.threads;
+  srv.grace_ms = (uint64_t)(o.grace * 1000);
+  pthread_mutex_init(&srv.listen_lock, NULL);
+  srv.lanes = calloc(srv.nlanes, sizeof(*srv.lanes));
+  srv.group.r = calloc(srv.nlanes, sizeof(*srv.group.r));
+  srv.group.n = srv.nlanes;
+  if (!srv.lanes || !srv.group.r) {
+    log_error("out of memory");
+    return 1;
+  }
+  /* Each lane loads the script on this thread, before any lane runs: a
+   * script that fails anywhere stops start-up with one line. */
+  for (size_t i = 0; i < srv.nlanes; i++) {
+    char err[1024];
+    srv.lanes[i] = lx_lane_new(&srv, (int)i, err, sizeof(err));
+    if (!srv.lanes[i]) {
+      log_error("%s", err);
+      cleanup(&srv);
+      return 1;
+    }
+    srv.group.r[i] = srv.lanes[i]->r;
+  }
+  defer_pool_t *pool = defer_pool_new(srv.nlanes, lane_thread, &srv);
+  if (!pool) {
+    log_error("cannot start %zu threads: %s", srv.nlanes, strerror(errno));
+    cleanup(&srv);
+    return 1;
+  }
+  log_info("started: %zu lane%s, script %s", srv.nlanes,
+           srv.nlanes == 1 ? "" : "s", srv.script);
+
+  int signals = 0;
+  while ((size_t)atomic_load(&srv.lanes_done) < srv.nlanes) {
+    struct timespec tick = {0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&sigs, NULL, &tick);
+    if (sig != SIGINT && sig != SIGTERM) continue;
+    signals++;
+    log_info("%s: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+             signals == 1 ? "shutting down gracefully" : "closing now");
+    for (size_t i = 0; i < srv.nlanes; i++)
+      reactor_shutdown(srv.lanes[i]->r, signals == 1 ? srv.grace_ms : 0);
+  }
+  defer_pool_join(pool);
+  cleanup(&srv);
+  log_info("stopped");
+  return 0;
+}

@@ -1,0 +1,859 @@
+/* reactor: the per-lane event loop: epoll readiness, timers, a mailbox,
+ * connection state and event dispatch. */
+#include "net/reactor.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/defer.h"
+#include "core/log.h"
+#include "net/poll.h"
+
+/* What an epoll event points at: the first member of each pollable. */
+enum { KIND_CONN = 1, KIND_LISTENER, KIND_MAILBOX };
+
+/* Connection flags. */
+enum {
+  F_OPEN = 1u << 0,         /* connected; on_open delivered or due */
+  F_CONNECTING = 1u << 1,   /* client connect in progress */
+  F_PAUSED = 1u << 2,       /* the application paused reading */
+  F_BP = 1u << 3,           /* back pressure: queue over the limit */
+  F_READ_PENDING = 1u << 4, /* the socket may hold unread bytes */
+  F_CLOSING = 1u << 5,      /* close once the queue drains */
+  F_DEAD = 1u << 6,         /* fd closed, uuid invalid */
+  F_NOTIFIED = 1u << 7,     /* on_close / on_fail delivered */
+  F_FAILED = 1u << 8,       /* never opened: on_fail instead of on_close */
+  F_IN_LIST = 1u << 9,      /* on the pending list */
+  F_WROTE = 1u << 10,       /* the queue was non-empty: on_ready when drained */
+  F_PEER_HUP = 1u << 11,    /* the peer shut down: read to EOF */
+  F_ZOMBIE = 1u << 12,      /* dead, waiting for hold == 0, on zombie list */
+};
+
+/* Events that wait while the connection is held. */
+enum {
+  P_OPEN = 1u << 0,
+  P_SHUTDOWN = 1u << 1,
+  P_READ = 1u << 2,
+  P_READY = 1u << 3,
+  P_TIMEOUT = 1u << 4,
+  P_SHUTCLOSE = 1u << 5, /* on_shutdown has run: close */
+};
+
+struct conn {
+  int kind; /* KIND_CONN */
+  int fd;
+  sock_uuid_t uuid;
+  uint32_t flags;
+  uint32_t pend;
+  int hold; /* callbacks running or suspended */
+  int reason;
+  int fail_err;
+  uint32_t timeout_ms;
+  size_t write_limit;
+  uint64_t last_active;
+  reactor_t *r;
+  const proto_t *proto;
+  void *service, *udata;
+  sock_wq_t wq;
+  conn_t *prev, *next;   /* live list, or zombie list once dead */
+  conn_t *pending_next;  /* pending list */
+  mp_timer_t *connect_timer;
+};
+
+struct listener {
+  int kind; /* KIND_LISTENER */
+  int fd;
+  bool polled;
+  reactor_t *r;
+  const proto_t *proto;
+  void *service;
+  conn_opts_t opts;
+  mp_timer_t retry; /* re-arms accepting after EMFILE */
+  listener_t *prev, *next;
+};
+
+/* Everything here belongs to the reactor's thread, except `mailbox` (its
+ * own lock) and `shutdown_req` (atomic: set by any thread). */
+struct reactor {
+  int kind; /* KIND_MAILBOX: the mailbox eventfd's event points here */
+  int index;
+  int poller;
+  uint64_t now;
+  timer_heap_t timers;
+  defer_queue_t mailbox;
+  defer_queue_t local; /* reactor_defer: same thread, no wake-up */
+  conn_t *live;        /* open connections */
+  conn_t *zombies;     /* dead, still held */
+  size_t nlive;
+  conn_t *pend_head, *pend_tail;
+  listener_t *listeners;
+  mp_timer_t sweep; /* idle timeouts, once a second */
+  int refs;
+  bool stopping, stop_hook_done;
+  uint64_t deadline;
+  void (*stop_hook)(reactor_t *r, void *arg);
+  void *stop_arg;
+  char *rbuf;
+};
+
+static const char *const reason_names[] = {"peer", "error", "timeout",
+                                           "shutdown", "local"};
+
+const char *reactor_reason_name(int reason) {
+  if (reason < 0 || reason > CONN_LOCAL) return "error";
+  return reason_names[reason];
+}
+
+uint64_t reactor_clock_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- the pending list: events to deliver outside of the current call ---- */
+
+static void conn__enqueue(conn_t *c, uint32_t pend) {
+  c->pend |= pend;
+  if (c->flags & F_IN_LIST) return;
+  c->flags |= F_IN_LIST;
+  c->pending_next = NULL;
+  reactor_t *r = c->r;
+  if (r->pend_tail)
+    r->pend_tail->pending_next = c;
+  else
+    r->pend_head = c;
+  r->pend_tail = c;
+}
+
+static void list__unlink(conn_t **head, conn_t *c) {
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    *head = c->next;
+  if (c->next) c->next->prev = c->prev;
+  c->prev = c->next = NULL;
+}
+
+static void list__push(conn_t **head, conn_t *c) {
+  c->prev = NULL;
+  c->next = *head;
+  if (*head) (*head)->prev = c;
+  *head = c;
+}
+
+static void conn__free(conn_t *c) {
+  if (c->flags & F_ZOMBIE) list__unlink(&c->r->zombies, c);
+  free(c->connect_timer);
+  free(c);
+}
+
+/* The fd goes now; the last callback and the free come from the pending
+ * list once nothing holds the connection. */
+static void conn__kill(conn_t *c, int reason) {
+  if (c->flags & F_DEAD) return;
+  reactor_t *r = c->r;
+  if (!(c->flags & F_CLOSING) || reason == CONN_ERROR) c->reason = reason;
+  if (c->flags & F_CONNECTING) { /* never opened: on_fail, not on_close */
+    c->flags |= F_FAILED;
+    if (!c->fail_err) c->fail_err = reason == CONN_SHUTDOWN ? -ECANCELED : -EIO;
+  }
+  c->flags |= F_DEAD;
+  c->flags &= ~(F_READ_PENDING | F_CONNECTING);
+  if (c->connect_timer) timer_stop(&r->timers, c->connect_timer);
+  sock_uuid_close(c->uuid);
+  close(c->fd);
+  c->fd = -1;
+  sock_wq_clear(&c->wq);
+  list__unlink(&r->live, c);
+  r->nlive--;
+  c->flags |= F_ZOMBIE;
+  list__push(&r->zombies, c);
+  conn__enqueue(c, 0);
+}
+
+static bool conn__can_read(const conn_t *c) {
+  return !(c->flags & (F_DEAD | F_PAUSED | F_BP | F_CLOSING | F_CONNECTING)) &&
+         (c->flags & F_OPEN) && c->hold == 0;
+}
+
+static void conn__read(conn_t *c) {
+  reactor_t *r = c->r;
+  for (int round = 0; round < 16; round++) {
+    if (!(c->flags & F_READ_PENDING) || !conn__can_read(c)) return;
+    ssize_t n = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
+    if (n > 0) {
+      c->last_active = r->now;
+      /* Edge-triggered: a short read emptied the socket, and later bytes
+       * bring a new event. After a hang-up, read on to the EOF. */
+      if ((size_t)n < REACTOR_READ_CHUNK && !(c->flags & F_PEER_HUP))
+        c->flags &= ~F_READ_PENDING;
+      if (c->proto->on_data) {
+        c->hold++;
+        c->proto->on_data(c, r->rbuf, (size_t)n);
+        if (--c->hold > 0) return; /* suspended: release re-queues reading */
+      }
+      continue;
+    }
+    if (n == 0) {
+      c->flags &= ~F_READ_PENDING;
+      reactor_conn_close(c, CONN_PEER);
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      c->flags &= ~F_READ_PENDING;
+      return;
+    }
+    conn__kill(c, errno == ECONNRESET ? CONN_PEER : CONN_ERROR);
+    return;
+  }
+  conn__enqueue(c, P_READ); /* more to read: let others have a turn first */
+}
+
+/* Delivers one held-back event with the connection held. */
+static void conn__call(conn_t *c, void (*fn)(conn_t *)) {
+  c->hold++;
+  fn(c);
+  c->hold--;
+}
+
+static void conn__finish(conn_t *c) {
+  if (!(c->flags & F_NOTIFIED)) {
+    c->flags |= F_NOTIFIED;
+    c->hold++;
+    if (c->flags & F_FAILED) {
+      if (c->proto->on_fail) c->proto->on_fail(c, c->fail_err);
+    } else if (c->proto->on_close) {
+      c->proto->on_close(c, c->reason);
+    }
+    c->hold--;
+  }
+  if (c->hold == 0 && !(c->flags & F_IN_LIST)) conn__free(c);
+}
+
+static void conn__process(conn_t *c) {
+  if (c->hold > 0) return; /* reactor_conn_release re-queues it */
+  uint32_t p = c->pend;
+  c->pend = 0;
+  /* One event at a time; if a callback suspends, the rest wait for the
+   * release, so a connection's callbacks never overlap. */
+  while (!(c->flags & F_DEAD) && c->hold == 0) {
+    if (p & P_OPEN) {
+      p &= ~P_OPEN;
+      if (c->proto->on_open) conn__call(c, c->proto->on_open);
+    } else if (p & P_SHUTDOWN) {
+      p = (p & ~P_SHUTDOWN) | P_SHUTCLOSE;
+      if (c->proto->on_shutdown && (c->flags & F_OPEN) &&
+          reactor_conn_is_open(c))
+        conn__call(c, c->proto->on_shutdown);
+    } else if (p & P_SHUTCLOSE) {
+      p &= ~P_SHUTCLOSE;
+      reactor_conn_close(c, CONN_SHUTDOWN);
+    } else if (p & P_READY) {
+      p &= ~P_READY;
+      if (c->proto->on_ready) conn__call(c, c->proto->on_ready);
+    } else if (p & P_TIMEOUT) {
+      p &= ~P_TIMEOUT;
+      if (c->flags & F_CLOSING)
+        conn__kill(c, CONN_TIMEOUT);
+      else if (c->proto->on_timeout)
+        conn__call(c, c->proto->on_timeout);
+      else
+        reactor_conn_close(c, CONN_TIMEOUT);
+    } else {
+      conn__read(c);
+      break;
+    }
+  }
+  c->pend |= p & ~P_READ;
+  if ((c->flags & F_DEAD) && c->hold == 0) conn__finish(c);
+}
+
+/* Delivers the events queued so far; ones queued meanwhile wait for the
+ * next loop iteration (so a busy connection can't starve the poller). */
+static void reactor__drain_pending(reactor_t *r) {
+  conn_t *c = r->pend_head, *last = r->pend_tail;
+  if (!c) return;
+  r->pend_head = r->pend_tail = NULL;
+  for (;;) {
+    conn_t *next = c->pending_next;
+    bool end = c == last;
+    c->flags &= ~F_IN_LIST;
+    c->pending_next = NULL;
+    conn__process(c);
+    if (end) break;
+    c = next;
+  }
+}
+
+/* ---- writing ---- */
+
+static void conn__after_queue(conn_t *c) {
+  if (c->wq.bytes > 0) {
+    c->flags |= F_WROTE;
+    if (c->wq.bytes > c->write_limit) c->flags |= F_BP;
+  }
+}
+
+static void conn__flush(conn_t *c) {
+  if (c->flags & F_DEAD) return;
+  if (c->wq.bytes == 0 && !c->wq.head) {
+    if (c->flags & F_CLOSING) conn__kill(c, c->reason);
+    return;
+  }
+  int rc = sock_wq_flush(c->fd, &c->wq);
+  if (rc < 0) {
+    conn__kill(c, rc == -ECONNRESET || rc == -EPIPE ? CONN_PEER : CONN_ERROR);
+    return;
+  }
+  c->last_active = c->r->now;
+  if ((c->flags & F_BP) && c->wq.bytes <= c->write_limit / 2) {
+    c->flags &= ~F_BP;
+    if (c->flags & F_READ_PENDING) conn__enqueue(c, P_READ);
+  }
+  if (rc == 0) {
+    if (c->flags & F_CLOSING) {
+      conn__kill(c, c->reason);
+      return;
+    }
+    if (c->flags & F_WROTE) {
+      c->flags &= ~F_WROTE;
+      conn__enqueue(c, P_READY);
+    }
+  }
+}
+
+static int conn__write(conn_t *c, const void *data, size_t len,
+                       sock_release_fn release, void *ctx, void *ctx2) {
+  int rc;
+  if (c->flags & (F_DEAD | F_CLOSING)) {
+    rc = -EPIPE;
+    goto fail;
+  }
+  const char *p = data;
+  if (c->wq.bytes == 0 && !c->wq.head && (c->flags & F_OPEN)) {
+    while (len > 0) {
+      ssize_t n = write(c->fd, p, len);
+      if (n > 0) {
+        p += n;
+        len -= (size_t)n;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      rc = n < 0 ? -errno : -EIO;
+      conn__kill(c, rc == -ECONNRESET || rc == -EPIPE ? CONN_PEER : CONN_ERROR);
+      rc = -EPIPE;
+      goto fail;
+    }
+    c->last_active = c->r->now;
+    if (len == 0) {
+      if (release) release(ctx, ctx2);
+      return 0;
+    }
+  }
+  if (release)
+    rc = sock_wq_push_ref(&c->wq, p, len, release, ctx, ctx2);
+  else
+    rc = sock_wq_push_copy(&c->wq, p, len);
+  if (rc) goto fail;
+  conn__after_queue(c);
+  return 0;
+fail:
+  if (release) release(ctx, ctx2);
+  return rc;
+}
+
+int reactor_conn_write(conn_t *c, const void *data, size_t len) {
+  return conn__write(c, data, len, NULL, NULL, NULL);
+}
+
+int reactor_conn_write_ref(conn_t *c, const void *data, size_t len,
+                           sock_release_fn release, void *ctx, void *ctx2) {
+  return conn__write(c, data, len, release, ctx, ctx2);
+}
+
+int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len) {
+  if (c->flags & (F_DEAD | F_CLOSING)) {
+    close(file_fd);
+    return -EPIPE;
+  }
+  bool was_empty = c->wq.head == NULL;
+  int rc = sock_wq_push_file(&c->wq, file_fd, offset, len);
+  if (rc) return rc;
+  conn__after_queue(c);
+  if (was_empty && (c->flags & F_OPEN)) conn__flush(c);
+  return 0;
+}
+
+size_t reactor_conn_pending(const conn_t *c) { return c->wq.bytes; }
+
+void reactor_conn_close(conn_t *c, int reason) {
+  if (c->flags & (F_DEAD | F_CLOSING)) return;
+  if (!(c->flags & F_OPEN)) {
+    conn__kill(c, reason);
+    return;
+  }
+  c->flags |= F_CLOSING;
+  c->reason = reason;
+  if (!c->wq.head) conn__kill(c, reason);
+}
+
+void reactor_conn_force_close(conn_t *c, int reason) {
+  if (c->flags & F_CLOSING) c->flags &= ~F_CLOSING; /* take the new reason */
+  conn__kill(c, reason);
+}
+
+void reactor_conn_pause(conn_t *c) { c->flags |= F_PAUSED; }
+
+void reactor_conn_resume(conn_t *c) {
+  if (!(c->flags & F_PAUSED)) return;
+  c->flags &= ~F_PAUSED;
+  if (c->flags & F_READ_PENDING) conn__enqueue(c, P_READ);
+}
+
+void reactor_conn_hold(conn_t *c) {
+  c->hold++;
+  reactor_ref(c->r);
+}
+
+void reactor_conn_release(conn_t *c) {
+  reactor_unref(c->r);
+  if (--c->hold > 0) return;
+  if ((c->flags & F_DEAD) || c->pend || (c->flags & F_READ_PENDING))
+    conn__enqueue(c, (c->flags & F_READ_PENDING) ? P_READ : 0);
+}
+
+void reactor_conn_set_timeout(conn_t *c, uint32_t timeout_ms) {
+  c->timeout_ms = timeout_ms;
+  c->last_active = c->r->now;
+}
+
+uint32_t reactor_conn_timeout(const conn_t *c) { return c->timeout_ms; }
+sock_uuid_t reactor_conn_uuid(const conn_t *c) { return c->uuid; }
+reactor_t *reactor_conn_reactor(const conn_t *c) { return c->r; }
+void *reactor_conn_service(const conn_t *c) { return c->service; }
+void *reactor_conn_udata(const conn_t *c) { return c->udata; }
+void reactor_conn_set_udata(conn_t *c, void *udata) { c->udata = udata; }
+int reactor_conn_fd(const conn_t *c) { return c->fd; }
+
+bool reactor_conn_is_open(const conn_t *c) {
+  return !(c->flags & (F_DEAD | F_CLOSING));
+}
+
+conn_t *reactor_conn_find(reactor_t *r, sock_uuid_t uuid) {
+  conn_t *c = sock_uuid_udata(uuid, r->index);
+  return c && !(c->flags & F_DEAD) ? c : NULL;
+}
+
+/* ---- connections come into being ---- */
+
+static conn_t *conn__new(reactor_t *r, int fd, const proto_t *proto,
+                         void *service, conn_opts_t opts, uint32_t flags) {
+  conn_t *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->kind = KIND_CONN;
+  c->fd = fd;
+  c->r = r;
+  c->proto = proto;
+  c->service = service;
+  c->flags = flags;
+  c->timeout_ms = opts.timeout_ms;
+  c->write_limit = opts.write_limit ? opts.write_limit
+                                    : REACTOR_DEFAULT_WRITE_LIMIT;
+  c->last_active = r->now;
+  sock_wq_init(&c->wq);
+  c->uuid = sock_uuid_open(fd, r->index, c);
+  if (!c->uuid) {
+    free(c);
+    errno = EMFILE;
+    return NULL;
+  }
+  /* Edge-triggered for both directions, registered once: no epoll_ctl per
+   * read or write. */
+  if (poll_add(r->poller, fd, c, POLL_READ | POLL_WRITE | POLL_EDGE)) {
+    int e = errno;
+    sock_uuid_close(c->uuid);
+    free(c);
+    errno = e;
+    return NULL;
+  }
+  list__push(&r->live, c);
+  r->nlive++;
+  return c;
+}
+
+static void listener__accept(listener_t *l);
+
+static void listener__retry(mp_timer_t *t) {
+  listener_t *l = t->udata;
+  if (!l->polled && !l->r->stopping &&
+      poll_add(l->r->poller, l->fd, l, POLL_READ | POLL_EXCLUSIVE) == 0)
+    l->polled = true;
+}
+
+static void listener__accept(listener_t *l) {
+  reactor_t *r = l->r;
+  for (int i = 0; i < 64 && !r->stopping; i++) {
+    int fd = sock_accept(l->fd);
+    if (fd == -EAGAIN) return;
+    if (fd == -EINTR || fd == -ECONNABORTED) continue;
+    if (fd < 0) {
+      /* Out of fds: stop polling the listener for a moment, or the level-
+       * triggered readiness would spin the loop. */
+      log_warn("accept failed: %s; pausing accepts for 500 ms",
+               strerror(-fd));
+      if (l->polled && poll_del(r->poller, l->fd) == 0) l->polled = false;
+      timer_start(&r->timers, &l->retry, r->now, 500, 0, 1, listener__retry,
+                  NULL, l);
+      return;
+    }
+    conn_t *c = conn__new(r, fd, l->proto, l->service, l->opts, F_OPEN);
+    if (!c) {
+      close(fd);
+      continue;
+    }
+    if (l->proto->on_open) conn__call(c, l->proto->on_open);
+    if (c->flags & F_DEAD) conn__enqueue(c, 0);
+  }
+}
+
+listener_t *reactor_listen(reactor_t *r, int fd, const proto_t *proto,
+                           void *service, conn_opts_t opts) {
+  listener_t *l = calloc(1, sizeof(*l));
+  if (!l) return NULL;
+  l->kind = KIND_LISTENER;
+  l->fd = fd;
+  l->r = r;
+  l->proto = proto;
+  l->service = service;
+  l->opts = opts;
+  timer_init(&l->retry);
+  if (!r->stopping) {
+    int rc = poll_add(r->poller, fd, l, POLL_READ | POLL_EXCLUSIVE);
+    if (rc) {
+      free(l);
+      errno = -rc;
+      return NULL;
+    }
+    l->polled = true;
+  }
+  l->next = r->listeners;
+  if (l->next) l->next->prev = l;
+  r->listeners = l;
+  return l;
+}
+
+void reactor_listener_close(listener_t *l) {
+  reactor_t *r = l->r;
+  if (l->polled) poll_del(r->poller, l->fd);
+  timer_stop(&r->timers, &l->retry);
+  if (l->prev)
+    l->prev->next = l->next;
+  else
+    r->listeners = l->next;
+  if (l->next) l->next->prev = l->prev;
+  free(l);
+}
+
+int reactor_listener_fd(const listener_t *l) { return l->fd; }
+
+static void conn__connect_timeout(mp_timer_t *t) {
+  conn_t *c = t->udata;
+  if (!(c->flags & F_CONNECTING)) return;
+  c->fail_err = -ETIMEDOUT;
+  conn__kill(c, CONN_ERROR);
+}
+
+static void conn__connected(conn_t *c, int err) {
+  if (c->connect_timer) timer_stop(&c->r->timers, c->connect_timer);
+  if (err) {
+    c->fail_err = err;
+    conn__kill(c, CONN_ERROR);
+    return;
+  }
+  c->flags &= ~F_CONNECTING;
+  c->flags |= F_OPEN | F_READ_PENDING;
+  c->last_active = c->r->now;
+  conn__enqueue(c, P_OPEN);
+  conn__flush(c);
+}
+
+conn_t *reactor_connect(reactor_t *r, const char *host, int port,
+                        const char *path, uint32_t connect_timeout_ms,
+                        const proto_t *proto, void *service, conn_opts_t opts,
+                        int *err) {
+  bool done = false;
+  int fd = path ? sock_connect_unix(path, &done)
+                : sock_connect_tcp(host, port, &done);
+  if (fd < 0) {
+    *err = fd;
+    return NULL;
+  }
+  conn_t *c;
+  c = conn__new(r, fd, proto, service, opts, F_CONNECTING);
+  if (!c) {
+    *err = -errno;
+    close(fd);
+    return NULL;
+  }
+  if (done) {
+    conn__connected(c, 0);
+    return c;
+  }
+  if (connect_timeout_ms) {
+    c->connect_timer = malloc(sizeof(*c->connect_timer));
+    if (c->connect_timer) {
+      timer_init(c->connect_timer);
+      timer_start(&r->timers, c->connect_timer, r->now, connect_timeout_ms, 0,
+                  1, conn__connect_timeout, NULL, c);
+    }
+  }
+  return c;
+}
+
+/* ---- the loop ---- */
+
+static void reactor__sweep(mp_timer_t *t) {
+  reactor_t *r = t->udata;
+  for (conn_t *c = r->live; c; c = c->next) {
+    if (c->timeout_ms && !(c->flags & F_CONNECTING) &&
+        r->now - c->last_active >= c->timeout_ms) {
+      c->last_active = r->now;
+      conn__enqueue(c, P_TIMEOUT);
+    }
+  }
+}
+
+reactor_t *reactor_new(int index) {
+  reactor_t *r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->kind = KIND_MAILBOX;
+  r->index = index;
+  r->poller = -1;
+  r->rbuf = malloc(REACTOR_READ_CHUNK);
+  int rc = r->rbuf ? 0 : -ENOMEM;
+  if (!rc) rc = defer_queue_init(&r->mailbox, true);
+  if (!rc) {
+    rc = defer_queue_init(&r->local, false);
+    if (rc) defer_queue_deinit(&r->mailbox);
+  }
+  if (rc) {
+    free(r->rbuf);
+    free(r);
+    errno = -rc;
+    return NULL;
+  }
+  r->poller = poll_new();
+  if (r->poller < 0 ||
+      poll_add(r->poller, defer_wake_fd(&r->mailbox), r, POLL_READ)) {
+    int e = r->poller < 0 ? -r->poller : errno;
+    poll_free(r->poller);
+    defer_queue_deinit(&r->mailbox);
+    defer_queue_deinit(&r->local);
+    free(r->rbuf);
+    free(r);
+    errno = e;
+    return NULL;
+  }
+  timer_heap_init(&r->timers);
+  timer_init(&r->sweep);
+  r->now = reactor_clock_ms();
+  return r;
+}
+
+void reactor_free(reactor_t *r) {
+  if (!r) return;
+  while (r->listeners) reactor_listener_close(r->listeners);
+  while (r->live) {
+    conn_t *c = r->live;
+    c->flags |= F_NOTIFIED;
+    conn__kill(c, CONN_SHUTDOWN);
+  }
+  while (r->zombies) conn__free(r->zombies);
+  timer_heap_deinit(&r->timers);
+  defer_queue_deinit(&r->mailbox);
+  defer_queue_deinit(&r->local);
+  poll_free(r->poller);
+  free(r->rbuf);
+  free(r);
+}
+
+int reactor_index(const reactor_t *r) { return r->index; }
+uint64_t reactor_now(const reactor_t *r) { return r->now; }
+timer_heap_t *reactor_timers(reactor_t *r) { return &r->timers; }
+bool reactor_stopping(const reactor_t *r) { return r->stopping; }
+void reactor_ref(reactor_t *r) { r->refs++; }
+void reactor_unref(reactor_t *r) { r->refs--; }
+
+void reactor_set_stop_hook(reactor_t *r, void (*fn)(reactor_t *, void *),
+                           void *arg) {
+  r->stop_hook = fn;
+  r->stop_arg = arg;
+}
+
+int reactor_post(reactor_t *r, void (*fn)(void *, void *), void *a, void *b) {
+  return defer_push(&r->mailbox, fn, a, b);
+}
+
+int reactor_defer(reactor_t *r, void (*fn)(void *, void *), void *a, void *b) {
+  return defer_push(&r->local, fn, a, b);
+}
+
+static void reactor__begin_shutdown(void *a, void *b) {
+  reactor_t *r = a;
+  uint64_t grace = (uint64_t)(uintptr_t)b;
+  if (r->stopping) {
+    r->deadline = r->now; /* asked twice: stop waiting */
+    return;
+  }
+  r->stopping = true;
+  r->deadline = r->now + grace;
+  for (listener_t *l = r->listeners; l; l = l->next) {
+    if (l->polled) poll_del(r->poller, l->fd);
+    l->polled = false;
+    timer_stop(&r->timers, &l->retry);
+  }
+  for (conn_t *c = r->live; c; c = c->next) conn__enqueue(c, P_SHUTDOWN);
+}
+
+void reactor_shutdown(reactor_t *r, uint64_t grace_ms) {
+  reactor_post(r, reactor__begin_shutdown, r, (void *)(uintptr_t)grace_ms);
+}
+
+static void reactor__event(reactor_t *r, poll_event_t *ev) {
+  int kind = *(int *)ev->ptr;
+  if (kind == KIND_MAILBOX) {
+    defer_wake_clear(&r->mailbox);
+    return; /* drained after the events */
+  }
+  if (kind == KIND_LISTENER) {
+    listener__accept(ev->ptr);
+    return;
+  }
+  conn_t *c = ev->ptr;
+  if (c->flags & F_DEAD) return;
+  if (c->flags & F_CONNECTING) {
+    if (ev->flags & (POLL_WRITE | POLL_HUP))
+      conn__connected(c, sock_connect_result(c->fd));
+    return;
+  }
+  if (ev->flags & POLL_WRITE) conn__flush(c);
+  if (c->flags & F_DEAD) return;
+  if (ev->flags & POLL_READ) {
+    c->flags |= F_READ_PENDING;
+    if (ev->flags & POLL_HUP) c->flags |= F_PEER_HUP;
+    if (c->flags & F_CLOSING) {
+      /* Reading has stopped; a hang-up or error still ends the wait for
+       * the queue to drain. */
+      if (ev->flags & POLL_HUP) conn__flush(c);
+      return;
+    }
+    if (c->hold == 0)
+      conn__read(c);
+  }
+}
+
+int reactor_run(reactor_t *r) {
+  poll_event_t ev[256];
+  r->now = reactor_clock_ms();
+  timer_start(&r->timers, &r->sweep, r->now, 1000, 1000, 0, reactor__sweep,
+              NULL, r);
+  for (;;) {
+    int wait = -1;
+    if (r->pend_head || defer_pending(&r->local)) {
+      wait = 0;
+    } else {
+      int64_t t = timer_heap_wait(&r->timers, r->now);
+      if (t >= 0) wait = t > 1000 ? 1000 : (int)t;
+      if (r->stopping) {
+        int64_t left = r->deadline > r->now ? (int64_t)(r->deadline - r->now) : 0;
+        if (wait < 0 || left < wait) wait = (int)left;
+      }
+    }
+    int n = poll_wait(r->poller, ev, 256, wait);
+    if (n < 0) return n;
+    r->now = reactor_clock_ms();
+    for (int i = 0; i < n; i++) reactor__event(r, &ev[i]);
+    reactor__drain_pending(r);
+    timer_heap_run(&r->timers, r->now);
+    defer_run(&r->mailbox, 1024);
+    defer_run(&r->local, 1024);
+    reactor__drain_pending(r);
+    if (!r->stopping) continue;
+    if (r->now >= r->deadline) {
+      while (r->live) conn__kill(r->live, CONN_SHUTDOWN);
+      reactor__drain_pending(r);
+    }
+    if (r->live) continue;
+    if (!r->stop_hook_done) {
+      r->stop_hook_done = true;
+      if (r->deadline < r->now + 1000) r->deadline = r->now + 1000;
+      if (r->stop_hook) r->stop_hook(r, r->stop_arg);
+      continue;
+    }
+    if ((r->refs <= 0 && !r->zombies && !r->pend_head) || r->now >= r->deadline)
+      break;
+  }
+  timer_stop(&r->timers, &r->sweep);
+  return 0;
+}
+
+/* ---- groups ---- */
+
+struct reactor__io_task {
+  sock_uuid_t uuid;
+  void (*fn)(conn_t *c, void *a);
+  void *a;
+};
+
+static void reactor__io_run(void *task, void *reactor) {
+  struct reactor__io_task *t = task;
+  conn_t *c = reactor_conn_find(reactor, t->uuid);
+  t->fn(c, t->a);
+  free(t);
+}
+
+void reactor_defer_io(reactor_group_t *g, sock_uuid_t uuid,
+                      void (*fn)(conn_t *c, void *a), void *a) {
+  int owner = sock_uuid_owner(uuid);
+  struct reactor__io_task *t =
+      owner >= 0 && (size_t)owner < g->n ? malloc(sizeof(*t)) : NULL;
+  if (t) {
+    *t = (struct reactor__io_task){uuid, fn, a};
+    if (reactor_post(g->r[owner], reactor__io_run, t, g->r[owner]) == 0)
+      return;
+    free(t);
+  }
+  fn(NULL, a);
+}
+
+struct reactor__each_task {
+  void *service;
+  void (*fn)(conn_t *c, void *a);
+  void *a;
+};
+
+static void reactor__each_run(void *task, void *reactor) {
+  struct reactor__each_task *t = task;
+  reactor_t *r = reactor;
+  for (conn_t *c = r->live, *next; c; c = next) {
+    next = c->next;
+    if (c->service == t->service && !(c->flags & F_DEAD)) t->fn(c, t->a);
+  }
+  free(t);
+}
+
+void reactor_each(reactor_group_t *g, void *service,
+                  void (*fn)(conn_t *c, void *a), void *a) {
+  for (size_t i = 0; i < g->n; i++) {
+    struct reactor__each_task *t = malloc(sizeof(*t));
+    if (!t) continue;
+    *t = (struct reactor__each_task){service, fn, a};
+    if (reactor_post(g->r[i], reactor__each_run, t, g->r[i])) free(t);
+  }
+}

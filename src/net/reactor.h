@@ -1,0 +1,201 @@
+/* reactor: one event loop per lane thread. It owns that lane's connections
+ * (sock uuids), its timers and a mailbox other threads post tasks to, and
+ * dispatches connection events to protocol objects.
+ *
+ * Threading model: every connection, listener registration and timer of a
+ * reactor belongs to the reactor's thread; only reactor_post,
+ * reactor_shutdown, reactor_defer_io and reactor_each may be called from
+ * other threads. A connection's callbacks therefore never run on two
+ * threads, and never two at once: while one is running or suspended
+ * (reactor_conn_hold), the connection's other events wait. */
+#ifndef MP_REACTOR_H
+#define MP_REACTOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "core/timer.h"
+#include "net/sock.h"
+
+typedef struct reactor reactor_t;
+typedef struct conn conn_t;
+typedef struct listener listener_t;
+
+/* Why a connection closed; the names are what Lua sees. */
+enum conn_reason {
+  CONN_PEER = 0,  /* "peer": the other side closed */
+  CONN_ERROR,     /* "error": read/write error, or a handler failed */
+  CONN_TIMEOUT,   /* "timeout": idle */
+  CONN_SHUTDOWN,  /* "shutdown": the server is stopping */
+  CONN_LOCAL,     /* "local": the application closed it */
+};
+const char *reactor_reason_name(int reason);
+
+/* A protocol: what a connection does on each event. Any member may be
+ * NULL. Every callback runs on the reactor's thread with the connection
+ * held (it cannot be freed under it; it may close itself). */
+typedef struct {
+  void (*on_open)(conn_t *c);
+  void (*on_data)(conn_t *c, const char *data, size_t len);
+  void (*on_ready)(conn_t *c);    /* the write queue drained */
+  void (*on_timeout)(conn_t *c);  /* idle; NULL closes (CONN_TIMEOUT) */
+  void (*on_shutdown)(conn_t *c); /* server stopping; writes still go out */
+  /* The last callback of a connection that opened; the fd is gone. */
+  void (*on_close)(conn_t *c, int reason);
+  /* The last callback of a client connection that never opened (instead
+   * of on_open/on_close); err is a negative errno (-ETIMEDOUT on the
+   * connect timeout, -ECANCELED at shutdown). */
+  void (*on_fail)(conn_t *c, int err);
+} proto_t;
+
+/* Per-connection settings, copied into each connection. */
+typedef struct {
+  uint32_t timeout_ms;  /* idle limit, 0 = none */
+  size_t write_limit;   /* queue bytes before reading pauses; 0 = default */
+} conn_opts_t;
+
+#define REACTOR_DEFAULT_WRITE_LIMIT ((size_t)1 << 20)
+#define REACTOR_READ_CHUNK ((size_t)64 * 1024)
+
+/* ---- the loop ---- */
+
+/* A new reactor with lane index `index` (also its sock owner id). NULL and
+ * errno on failure. Any thread; it then belongs to the thread that runs
+ * it. */
+reactor_t *reactor_new(int index);
+/* Frees a reactor whose loop has returned (or never ran). Connections
+ * still held are freed without callbacks. */
+void reactor_free(reactor_t *r);
+int reactor_index(const reactor_t *r);
+
+/* Runs the loop until a shutdown has completed: every connection is gone,
+ * the stop hook has run, and nothing holds the reactor (reactor_ref), or
+ * the grace deadline passed. Returns 0 or a negative errno. */
+int reactor_run(reactor_t *r);
+
+/* Called once on the reactor's thread when a shutdown has closed every
+ * connection (or the deadline passed); may start timers and hold the
+ * reactor to finish work. Set before running. */
+void reactor_set_stop_hook(reactor_t *r, void (*fn)(reactor_t *r, void *arg),
+                           void *arg);
+
+/* The loop's monotonic clock in milliseconds, updated once per iteration. */
+uint64_t reactor_now(const reactor_t *r);
+/* Reads the clock now (monotonic ms). */
+uint64_t reactor_clock_ms(void);
+
+/* Keeps a stopping loop alive (a suspended task waits for a timer, say);
+ * every ref needs an unref. Reactor thread. */
+void reactor_ref(reactor_t *r);
+void reactor_unref(reactor_t *r);
+
+/* Runs fn(a, b) on the reactor's thread soon. Any thread. 0 or -ENOMEM. */
+int reactor_post(reactor_t *r, void (*fn)(void *a, void *b), void *a, void *b);
+/* Same, from the reactor's own thread, without a wake-up. */
+int reactor_defer(reactor_t *r, void (*fn)(void *a, void *b), void *a, void *b);
+
+/* Starts a graceful shutdown of this reactor: listeners stop polling (they
+ * stay allocated until reactor_listener_close or reactor_free), every
+ * connection gets on_shutdown and closes once its queue drains; whatever
+ * is left after grace_ms is closed at once. Any thread; idempotent (a
+ * second call moves the deadline to now). */
+void reactor_shutdown(reactor_t *r, uint64_t grace_ms);
+bool reactor_stopping(const reactor_t *r);
+
+/* The reactor's timer heap, for timer_start/timer_stop (reactor thread;
+ * use reactor_now for `now`). */
+timer_heap_t *reactor_timers(reactor_t *r);
+
+/* ---- listeners ---- */
+
+/* Accepts connections from `fd` (non-blocking, may be shared with other
+ * reactors; this one does not own or close it). New connections get
+ * `proto`, `service` and `opts`. NULL and errno on failure. Reactor
+ * thread. */
+listener_t *reactor_listen(reactor_t *r, int fd, const proto_t *proto,
+                           void *service, conn_opts_t opts);
+/* Stops accepting in this reactor and frees the listener; connections it
+ * accepted go on. Reactor thread. */
+void reactor_listener_close(listener_t *l);
+int reactor_listener_fd(const listener_t *l);
+
+/* ---- connections (reactor thread unless said otherwise) ---- */
+
+/* Starts a client connection to host:port (TCP) or to a Unix `path` (when
+ * path != NULL). It is open once proto->on_open runs; until then writes are
+ * queued. Failures after return arrive as proto->on_fail; a failure known
+ * at once (refused, no such socket file, unresolved host) returns NULL
+ * with *err set to a negative errno, and no callback runs. */
+conn_t *reactor_connect(reactor_t *r, const char *host, int port,
+                        const char *path, uint32_t connect_timeout_ms,
+                        const proto_t *proto, void *service, conn_opts_t opts,
+                        int *err);
+
+/* The connection with `uuid` if it is open (or opening) and owned by this
+ * reactor, else NULL. */
+conn_t *reactor_conn_find(reactor_t *r, sock_uuid_t uuid);
+
+sock_uuid_t reactor_conn_uuid(const conn_t *c);
+reactor_t *reactor_conn_reactor(const conn_t *c);
+void *reactor_conn_service(const conn_t *c);
+void *reactor_conn_udata(const conn_t *c);
+void reactor_conn_set_udata(conn_t *c, void *udata);
+int reactor_conn_fd(const conn_t *c);
+/* Whether writes are still accepted (not closed, no close requested). */
+bool reactor_conn_is_open(const conn_t *c);
+
+/* Writes `len` bytes: as much as the socket takes at once, the rest copied
+ * into the queue. 0, or -EPIPE when the connection is closed or closing,
+ * or -ENOMEM. A write error closes the connection (CONN_ERROR). */
+int reactor_conn_write(conn_t *c, const void *data, size_t len);
+/* Same without copying: what is not written at once is queued by reference
+ * and release(ctx, ctx2) runs when it is sent or dropped. release is also
+ * called on failure (the bytes are not needed any more). Returns 0 or a
+ * negative errno as above. */
+int reactor_conn_write_ref(conn_t *c, const void *data, size_t len,
+                           sock_release_fn release, void *ctx, void *ctx2);
+/* Queues `len` bytes of `file_fd` from `offset` (sendfile); takes the fd
+ * in every case. */
+int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len);
+/* Bytes queued and not yet written. */
+size_t reactor_conn_pending(const conn_t *c);
+
+/* Closes once the queue has drained (reading stops now). */
+void reactor_conn_close(conn_t *c, int reason);
+/* Closes now, dropping the queue. */
+void reactor_conn_force_close(conn_t *c, int reason);
+
+/* Stops / restarts reading (no on_data while paused). */
+void reactor_conn_pause(conn_t *c);
+void reactor_conn_resume(conn_t *c);
+
+/* Marks a callback of `c` as suspended: until the matching release, no
+ * other callback of `c` runs and `c` is not freed (its fd may close). */
+void reactor_conn_hold(conn_t *c);
+void reactor_conn_release(conn_t *c);
+
+/* The idle limit, and a reset of the idle clock. */
+void reactor_conn_set_timeout(conn_t *c, uint32_t timeout_ms);
+uint32_t reactor_conn_timeout(const conn_t *c);
+
+/* ---- groups: the reactors of one process ---- */
+
+typedef struct {
+  reactor_t **r;
+  size_t n;
+} reactor_group_t;
+
+/* Runs fn(c, a) on the owner thread of `uuid` if the connection is still
+ * open then, else fn(NULL, a) (on the owner's or the calling thread).
+ * Any thread. */
+void reactor_defer_io(reactor_group_t *g, sock_uuid_t uuid,
+                      void (*fn)(conn_t *c, void *a), void *a);
+
+/* Runs fn(c, a) for every open connection of `service` on each reactor of
+ * the group, on that reactor's thread. Any thread. */
+void reactor_each(reactor_group_t *g, void *service,
+                  void (*fn)(conn_t *c, void *a), void *a);
+
+#endif

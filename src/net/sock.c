@@ -1,0 +1,444 @@
+/* sock: the uuid table, socket set-up calls and the write queue. */
+#include "net/sock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define SOCK_GEN_MASK ((1u << 28) - 1)
+
+/* One entry per fd. The owner thread writes an entry; other threads only
+ * read generations and owners, hence atomics (an fd closed by one loop can
+ * be accepted by another, an ordering TSan cannot see through the kernel). */
+struct sock_entry {
+  _Atomic uint32_t gen;
+  _Atomic int owner;
+  _Atomic(void *) udata;
+};
+
+/* Set once by sock_init on the main thread before other threads exist. */
+static struct sock_entry *sock_table;
+static size_t sock_cap;
+
+int sock_init(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  size_t cap = rl.rlim_cur == RLIM_INFINITY ? (1u << SOCK_FD_BITS)
+                                            : (size_t)rl.rlim_cur;
+  if (cap > (1u << SOCK_FD_BITS)) cap = 1u << SOCK_FD_BITS;
+  if (cap < 64) cap = 64;
+  sock_table = calloc(cap, sizeof(*sock_table));
+  if (!sock_table) return -ENOMEM;
+  sock_cap = cap;
+  return 0;
+}
+
+void sock_deinit(void) {
+  free(sock_table);
+  sock_table = NULL;
+  sock_cap = 0;
+}
+
+size_t sock_capacity(void) { return sock_cap; }
+
+static struct sock_entry *sock__entry(sock_uuid_t uuid) {
+  size_t fd = (size_t)sock_uuid_fd(uuid);
+  return fd < sock_cap ? &sock_table[fd] : NULL;
+}
+
+static sock_uuid_t sock__make(int fd, uint32_t gen) {
+  return ((sock_uuid_t)(gen & SOCK_GEN_MASK) << SOCK_FD_BITS) | (sock_uuid_t)fd;
+}
+
+sock_uuid_t sock_uuid_open(int fd, int owner, void *udata) {
+  if (fd < 0 || (size_t)fd >= sock_cap) return 0;
+  struct sock_entry *e = &sock_table[fd];
+  uint32_t gen = (atomic_load_explicit(&e->gen, memory_order_relaxed) + 1) &
+                 SOCK_GEN_MASK;
+  if (gen == 0) gen = 1; /* keeps uuid 0 invalid for fd 0 */
+  atomic_store_explicit(&e->owner, owner, memory_order_relaxed);
+  atomic_store_explicit(&e->udata, udata, memory_order_relaxed);
+  atomic_store_explicit(&e->gen, gen, memory_order_release);
+  return sock__make(fd, gen);
+}
+
+void sock_uuid_close(sock_uuid_t uuid) {
+  struct sock_entry *e = sock__entry(uuid);
+  if (!e) return;
+  uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
+  if (sock__make(sock_uuid_fd(uuid), gen) != uuid) return;
+  atomic_store_explicit(&e->gen, (gen + 1) & SOCK_GEN_MASK,
+                        memory_order_release);
+  atomic_store_explicit(&e->udata, NULL, memory_order_relaxed);
+  atomic_store_explicit(&e->owner, -1, memory_order_relaxed);
+}
+
+bool sock_uuid_valid(sock_uuid_t uuid) {
+  struct sock_entry *e = sock__entry(uuid);
+  if (!e || uuid == 0) return false;
+  uint32_t gen = atomic_load_explicit(&e->gen, memory_order_acquire);
+  return sock__make(sock_uuid_fd(uuid), gen) == uuid;
+}
+
+int sock_uuid_owner(sock_uuid_t uuid) {
+  struct sock_entry *e = sock__entry(uuid);
+  if (!e || !sock_uuid_valid(uuid)) return -1;
+  int owner = atomic_load_explicit(&e->owner, memory_order_relaxed);
+  return sock_uuid_valid(uuid) ? owner : -1;
+}
+
+void *sock_uuid_udata(sock_uuid_t uuid, int owner) {
+  struct sock_entry *e = sock__entry(uuid);
+  if (!e || !sock_uuid_valid(uuid)) return NULL;
+  if (atomic_load_explicit(&e->owner, memory_order_relaxed) != owner)
+    return NULL;
+  return atomic_load_explicit(&e->udata, memory_order_relaxed);
+}
+
+/* ---- sockets ---- */
+
+static int sock__resolve(const char *host, int port, bool passive,
+                         struct addrinfo **out) {
+  char service[16];
+  snprintf(service, sizeof(service), "%d", port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = passive ? AI_PASSIVE : 0};
+  hints.ai_flags |= AI_NUMERICHOST;
+  if (getaddrinfo(host, service, &hints, out) == 0) return 0;
+  hints.ai_flags &= ~AI_NUMERICHOST;
+  if (getaddrinfo(host, service, &hints, out) == 0) return 0;
+  return -EADDRNOTAVAIL;
+}
+
+int sock_listen_tcp(const char *host, int port, int backlog) {
+  struct addrinfo *ai;
+  int rc = sock__resolve(host && *host ? host : NULL, port, true, &ai);
+  if (rc) return rc;
+  rc = -EADDRNOTAVAIL;
+  for (struct addrinfo *p = ai; p; p = p->ai_next) {
+    int fd = socket(p->ai_family, p->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    p->ai_protocol);
+    if (fd < 0) {
+      rc = -errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, p->ai_addr, p->ai_addrlen) == 0 && listen(fd, backlog) == 0) {
+      freeaddrinfo(ai);
+      return fd;
+    }
+    rc = -errno;
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  return rc;
+}
+
+static int sock__unix_addr(const char *path, struct sockaddr_un *sa) {
+  memset(sa, 0, sizeof(*sa));
+  sa->sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof(sa->sun_path)) return -ENAMETOOLONG;
+  strcpy(sa->sun_path, path);
+  return 0;
+}
+
+int sock_listen_unix(const char *path, int backlog) {
+  struct sockaddr_un sa;
+  int rc = sock__unix_addr(path, &sa);
+  if (rc) return rc;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+      if (listen(fd, backlog) == 0) return fd;
+      rc = -errno;
+      close(fd);
+      unlink(path);
+      return rc;
+    }
+    rc = -errno;
+    close(fd);
+    if (rc != -EADDRINUSE || attempt > 0) return rc;
+    /* A socket file nobody accepts on is left over from a process that
+     * died; one that answers belongs to a live server. */
+    struct stat st;
+    if (stat(path, &st) || !S_ISSOCK(st.st_mode)) return rc;
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return rc;
+    int live = connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0 ||
+               errno != ECONNREFUSED;
+    close(probe);
+    if (live) return rc;
+    unlink(path);
+  }
+  return rc;
+}
+
+int sock_local_port(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  if (getsockname(fd, (struct sockaddr *)&ss, &len)) return -errno;
+  if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+  if (ss.ss_family == AF_INET6)
+    return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  return 0;
+}
+
+static void sock__nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+int sock_accept(int listen_fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  int fd = accept4(listen_fd, (struct sockaddr *)&ss, &len,
+                   SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) sock__nodelay(fd);
+  return fd;
+}
+
+int sock_connect_tcp(const char *host, int port, bool *done) {
+  struct addrinfo *ai;
+  int rc = sock__resolve(host, port, false, &ai);
+  if (rc) return rc;
+  rc = -EADDRNOTAVAIL;
+  for (struct addrinfo *p = ai; p; p = p->ai_next) {
+    int fd = socket(p->ai_family, p->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    p->ai_protocol);
+    if (fd < 0) {
+      rc = -errno;
+      continue;
+    }
+    sock__nodelay(fd);
+    if (connect(fd, p->ai_addr, p->ai_addrlen) == 0 || errno == EINPROGRESS) {
+      *done = errno != EINPROGRESS;
+      freeaddrinfo(ai);
+      return fd;
+    }
+    rc = -errno;
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  return rc;
+}
+
+int sock_connect_unix(const char *path, bool *done) {
+  struct sockaddr_un sa;
+  int rc = sock__unix_addr(path, &sa);
+  if (rc) return rc;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  errno = 0;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ||
+      errno == EINPROGRESS || errno == EAGAIN) {
+    *done = errno == 0;
+    return fd;
+  }
+  rc = -errno;
+  close(fd);
+  return rc;
+}
+
+int sock_connect_result(int fd) {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len)) return -errno;
+  return -err;
+}
+
+int sock_peer(int fd, char *ip, size_t iplen, int *port) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, (struct sockaddr *)&ss, &len)) return -errno;
+  *port = 0;
+  if (ss.ss_family == AF_INET) {
+    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+    inet_ntop(AF_INET, &a->sin_addr, ip, (socklen_t)iplen);
+    *port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+    inet_ntop(AF_INET6, &a->sin6_addr, ip, (socklen_t)iplen);
+    *port = ntohs(a->sin6_port);
+  } else {
+    snprintf(ip, iplen, "unix");
+  }
+  return 0;
+}
+
+/* ---- the write queue ---- */
+
+enum { PKT_COPY, PKT_REF, PKT_FILE };
+
+/* Small copies go into one growing buffer at the tail; larger writes get a
+ * packet each. */
+#define SOCK_COPY_MIN 4096
+
+struct sock_packet {
+  sock_packet_t *next;
+  int kind;
+  size_t len, off; /* bytes in the packet, bytes already written */
+  union {
+    struct {
+      size_t cap;
+      char data[];
+    } copy;
+    struct {
+      const char *data;
+      sock_release_fn release;
+      void *ctx, *ctx2;
+    } ref;
+    struct {
+      int fd;
+      off_t pos;
+    } file;
+  } u;
+};
+
+void sock_wq_init(sock_wq_t *wq) {
+  wq->head = wq->tail = NULL;
+  wq->bytes = 0;
+}
+
+static void sock__free_packet(sock_packet_t *p) {
+  if (p->kind == PKT_REF && p->u.ref.release)
+    p->u.ref.release(p->u.ref.ctx, p->u.ref.ctx2);
+  else if (p->kind == PKT_FILE)
+    close(p->u.file.fd);
+  free(p);
+}
+
+void sock_wq_clear(sock_wq_t *wq) {
+  sock_packet_t *p = wq->head;
+  sock_wq_init(wq);
+  while (p) {
+    sock_packet_t *next = p->next;
+    sock__free_packet(p);
+    p = next;
+  }
+}
+
+static void sock__append(sock_wq_t *wq, sock_packet_t *p) {
+  p->next = NULL;
+  if (wq->tail)
+    wq->tail->next = p;
+  else
+    wq->head = p;
+  wq->tail = p;
+  wq->bytes += p->len - p->off;
+}
+
+int sock_wq_push_copy(sock_wq_t *wq, const void *data, size_t len) {
+  if (len == 0) return 0;
+  sock_packet_t *t = wq->tail;
+  if (t && t->kind == PKT_COPY && t->u.copy.cap - t->len >= len) {
+    memcpy(t->u.copy.data + t->len, data, len);
+    t->len += len;
+    wq->bytes += len;
+    return 0;
+  }
+  size_t cap = len < SOCK_COPY_MIN ? SOCK_COPY_MIN : len;
+  sock_packet_t *p = malloc(sizeof(*p) + cap);
+  if (!p) return -ENOMEM;
+  p->kind = PKT_COPY;
+  p->len = len;
+  p->off = 0;
+  p->u.copy.cap = cap;
+  memcpy(p->u.copy.data, data, len);
+  sock__append(wq, p);
+  return 0;
+}
+
+int sock_wq_push_ref(sock_wq_t *wq, const void *data, size_t len,
+                     sock_release_fn release, void *ctx, void *ctx2) {
+  sock_packet_t *p = malloc(sizeof(*p));
+  if (!p) return -ENOMEM;
+  p->kind = PKT_REF;
+  p->len = len;
+  p->off = 0;
+  p->u.ref.data = data;
+  p->u.ref.release = release;
+  p->u.ref.ctx = ctx;
+  p->u.ref.ctx2 = ctx2;
+  sock__append(wq, p);
+  return 0;
+}
+
+int sock_wq_push_file(sock_wq_t *wq, int file_fd, off_t offset, size_t len) {
+  sock_packet_t *p = len ? malloc(sizeof(*p)) : NULL;
+  if (!p) {
+    close(file_fd);
+    return len ? -ENOMEM : 0;
+  }
+  p->kind = PKT_FILE;
+  p->len = len;
+  p->off = 0;
+  p->u.file.fd = file_fd;
+  p->u.file.pos = offset;
+  sock__append(wq, p);
+  return 0;
+}
+
+/* Writes runs of memory packets with one writev; files with sendfile. */
+int sock_wq_flush(int fd, sock_wq_t *wq) {
+  while (wq->head) {
+    sock_packet_t *p = wq->head;
+    ssize_t n;
+    if (p->kind == PKT_FILE) {
+      size_t want = p->len - p->off;
+      if (want > (1u << 30)) want = 1u << 30;
+      n = sendfile(fd, p->u.file.fd, &p->u.file.pos, want);
+      if (n == 0) return -EIO; /* the file shrank under us */
+    } else {
+      struct iovec iov[16];
+      int cnt = 0;
+      for (sock_packet_t *q = p; q && q->kind != PKT_FILE && cnt < 16;
+           q = q->next, cnt++) {
+        const char *base = q->kind == PKT_COPY ? q->u.copy.data : q->u.ref.data;
+        iov[cnt].iov_base = (void *)(base + q->off);
+        iov[cnt].iov_len = q->len - q->off;
+      }
+      n = writev(fd, iov, cnt);
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
+      return -errno;
+    }
+    size_t left = (size_t)n;
+    wq->bytes -= left;
+    while (wq->head && (left > 0 || wq->head->off == wq->head->len)) {
+      sock_packet_t *q = wq->head;
+      size_t take = q->len - q->off;
+      if (take > left) take = left;
+      q->off += take; /* for files, sendfile advanced pos itself */
+      left -= take;
+      if (q->off < q->len) break;
+      wq->head = q->next;
+      if (!wq->head) wq->tail = NULL;
+      sock__free_packet(q);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,104 @@
+/* sock: connection uuids, non-blocking socket calls and the per-connection
+ * write queue. Knows nothing of events or Lua. */
+#ifndef MP_SOCK_H
+#define MP_SOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* A connection handle: the fd in the low 24 bits, the fd's generation above
+ * them (28 bits). Each open and each close of an fd bumps its generation,
+ * so a handle to a closed connection never matches a later connection on
+ * the same fd. 0 is never a valid uuid. The value fits a Lua number. */
+typedef uint64_t sock_uuid_t;
+
+#define SOCK_FD_BITS 24
+
+/* Raises RLIMIT_NOFILE's soft limit to the hard one and sizes the uuid
+ * table to it (at most 2^24). Call once from the main thread before any
+ * other sock call. Returns 0 or a negative errno. */
+int sock_init(void);
+/* Releases the table. Main thread, after every other thread is gone. */
+void sock_deinit(void);
+
+/* How many fds the table can hold. */
+size_t sock_capacity(void);
+
+/* Registers `fd` as a new connection owned by event loop `owner` (an index
+ * the caller chooses), with `udata` for that owner. Returns the uuid, or 0
+ * when fd is beyond the table. Owner thread. */
+sock_uuid_t sock_uuid_open(int fd, int owner, void *udata);
+
+/* Invalidates `uuid` (the caller then closes the fd). Owner thread. */
+void sock_uuid_close(sock_uuid_t uuid);
+
+/* Whether `uuid` still names an open connection. Any thread (a snapshot). */
+bool sock_uuid_valid(sock_uuid_t uuid);
+
+/* The fd of `uuid` (valid or not). */
+static inline int sock_uuid_fd(sock_uuid_t uuid) {
+  return (int)(uuid & ((1u << SOCK_FD_BITS) - 1));
+}
+
+/* The owner index given at open, or -1 when `uuid` is not valid. Any
+ * thread (a snapshot: only the owner may act on it). */
+int sock_uuid_owner(sock_uuid_t uuid);
+
+/* The udata given at open when `uuid` is valid and owned by `owner`, else
+ * NULL. Called by the owner thread, the answer stays true until that same
+ * thread closes the uuid. */
+void *sock_uuid_udata(sock_uuid_t uuid, int owner);
+
+/* ---- sockets; each returns an fd (non-blocking, close-on-exec) or a
+ * negative errno. -EADDRNOTAVAIL means a host name did not resolve. ---- */
+
+/* TCP listener on host:port ("0.0.0.0", "::", "localhost", ...). */
+int sock_listen_tcp(const char *host, int port, int backlog);
+/* Unix listener at `path`. A stale socket file (nobody accepts on it) is
+ * replaced; a live one gives -EADDRINUSE. */
+int sock_listen_unix(const char *path, int backlog);
+/* The port a TCP listener is bound to, or a negative errno. */
+int sock_local_port(int fd);
+/* Accepts one connection (TCP_NODELAY set for TCP), or -EAGAIN. */
+int sock_accept(int listen_fd);
+/* Starts a connection. *done is true when it completed at once, false
+ * when it is in progress (wait for writability, then sock_connect_result). */
+int sock_connect_tcp(const char *host, int port, bool *done);
+int sock_connect_unix(const char *path, bool *done);
+/* The outcome of an in-progress connect: 0 or a negative errno. */
+int sock_connect_result(int fd);
+/* The peer's address as text and port; for a Unix socket "unix" and 0.
+ * Returns 0 or a negative errno. */
+int sock_peer(int fd, char *ip, size_t iplen, int *port);
+
+/* ---- the write queue ---- */
+
+typedef struct sock_packet sock_packet_t;
+typedef void (*sock_release_fn)(void *ctx, void *ctx2);
+
+/* Caller-provided storage. Single-threaded (the connection's owner). */
+typedef struct {
+  sock_packet_t *head, *tail;
+  size_t bytes; /* queued and not yet written (files count their length) */
+} sock_wq_t;
+
+void sock_wq_init(sock_wq_t *wq);
+/* Drops what is queued, releasing references and closing files. */
+void sock_wq_clear(sock_wq_t *wq);
+/* Copies `len` bytes in (small writes share a buffer). 0 or -ENOMEM. */
+int sock_wq_push_copy(sock_wq_t *wq, const void *data, size_t len);
+/* Queues `len` bytes at `data` without copying; they must stay valid until
+ * release(ctx, ctx2) is called (after they are written or dropped). On
+ * -ENOMEM release is not called. */
+int sock_wq_push_ref(sock_wq_t *wq, const void *data, size_t len,
+                     sock_release_fn release, void *ctx, void *ctx2);
+/* Queues `len` bytes of file `file_fd` from `offset`; the queue owns the fd
+ * and closes it when done or dropped (also on -ENOMEM). */
+int sock_wq_push_file(sock_wq_t *wq, int file_fd, off_t offset, size_t len);
+/* Writes as much as the socket takes. Returns 0 when the queue is empty,
+ * 1 when bytes remain (the socket is full), or a negative errno. */
+int sock_wq_flush(int fd, sock_wq_t *wq);
+
+#endif
