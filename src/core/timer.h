@@ -17,8 +17,9 @@ struct timer_s {
   uint64_t due;       /* ms, monotonic */
   uint64_t interval;  /* ms between runs */
   int64_t remaining;  /* runs left; < 0 forever */
-  timer_fn fn;        /* each run */
-  timer_fn on_finish; /* once, after the last run or a stop; may be NULL */
+  timer_fn fn;        /* each run; must not free the timer */
+  timer_fn on_finish; /* once, after the last run or a stop; may be NULL;
+                         the heap is done with the storage when it runs */
   void *udata;
   size_t idx;         /* position in the heap, or TIMER_NOT_QUEUED */
   bool armed;         /* started and not yet finished */

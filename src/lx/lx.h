@@ -45,7 +45,9 @@ typedef struct lx_shared_listener {
   char *key;  /* "tcp:ADDR:PORT" or "unix:PATH" */
   char *path; /* Unix path to unlink at exit, or NULL */
   int fd;
-  int refs;
+  int refs;                  /* services using it, and hand-offs in flight */
+  struct lx_service **svc;   /* per lane: its service here, or NULL */
+  unsigned next_lane;        /* round robin for hand-offs */
   struct lx_shared_listener *next;
 } lx_shared_listener_t;
 
@@ -155,6 +157,8 @@ void lx_timer_failed(lx_timer_t *t);
 
 /* The `moonport` module loader (package.preload). */
 int luaopen_moonport(lua_State *L);
+/* Forgets lane `index`'s service on a shared listener (it is closing). */
+void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index);
 /* Releases this lane's hold on shared listeners of a closed service. */
 void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl);
 /* Closes every shared listener and unlinks Unix paths. Main thread, at

@@ -399,7 +399,10 @@ void lx_service_free(lx_service_t *s) {
   for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++)
     luaL_unref(ln->L, LUA_REGISTRYINDEX, *refs[i]);
   if (s->listener) reactor_listener_close(s->listener);
-  if (s->shared) lx_shared_release(ln->srv, s->shared);
+  if (s->shared) {
+    lx_shared_detach(ln->srv, s->shared, ln->index);
+    lx_shared_release(ln->srv, s->shared);
+  }
   if (s->prev)
     s->prev->next = s->next;
   else

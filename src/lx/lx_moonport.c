@@ -42,10 +42,17 @@ static lx_shared_listener_t *lx__shared_acquire(lx_server_t *srv,
     return NULL;
   }
   sl = calloc(1, sizeof(*sl));
-  if (sl) sl->key = strdup(key);
+  if (sl) {
+    sl->key = strdup(key);
+    sl->svc = calloc(srv->nlanes, sizeof(*sl->svc));
+  }
   if (sl && path) sl->path = strdup(path);
-  if (!sl || !sl->key || (path && !sl->path)) {
-    if (sl) free(sl->key);
+  if (!sl || !sl->key || !sl->svc || (path && !sl->path)) {
+    if (sl) {
+      free(sl->key);
+      free(sl->svc);
+      free(sl->path);
+    }
     free(sl);
     close(fd);
     if (path) unlink(path);
@@ -66,6 +73,7 @@ static void lx__shared_close(lx_shared_listener_t *sl) {
   if (sl->path) unlink(sl->path);
   free(sl->path);
   free(sl->key);
+  free(sl->svc);
   free(sl);
 }
 
@@ -92,6 +100,64 @@ void lx_server_close_listeners(lx_server_t *srv) {
     lx__shared_close(sl);
     sl = next;
   }
+}
+
+/* Forgets lane `index`'s service on a shared listener (it is closing). */
+void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index) {
+  pthread_mutex_lock(&srv->listen_lock);
+  sl->svc[index] = NULL;
+  pthread_mutex_unlock(&srv->listen_lock);
+}
+
+/* ---- spreading connections over lanes ---- */
+
+/* EPOLLEXCLUSIVE wakes one lane per connection, and on an idle server
+ * mostly the same one; so the lane that accepts hands connections round
+ * robin to the lanes listening on the same socket. */
+typedef struct {
+  lx_shared_listener_t *sl;
+  int fd, lane;
+} lx_handoff_t;
+
+static void lx__adopt(void *a, void *b) {
+  lx_handoff_t *h = a;
+  lx_server_t *srv = b;
+  pthread_mutex_lock(&srv->listen_lock);
+  lx_service_t *s = h->sl->svc[h->lane];
+  pthread_mutex_unlock(&srv->listen_lock);
+  /* Only this lane frees its service, so s stays valid from here on. */
+  if (s)
+    reactor_adopt(srv->lanes[h->lane]->r, h->fd, &s->proto, s, s->opts);
+  else
+    close(h->fd);
+  lx_shared_release(srv, h->sl);
+  free(h);
+}
+
+static void lx__dispatch(listener_t *l, int fd, void *arg) {
+  lx_service_t *svc = arg;
+  lx_lane_t *ln = svc->ln;
+  lx_server_t *srv = ln->srv;
+  lx_shared_listener_t *sl = svc->shared;
+  int target = ln->index;
+  pthread_mutex_lock(&srv->listen_lock);
+  for (size_t k = 0; k < srv->nlanes; k++) {
+    unsigned i = sl->next_lane++ % (unsigned)srv->nlanes;
+    if (sl->svc[i]) {
+      target = (int)i;
+      break;
+    }
+  }
+  lx_handoff_t *h = target != ln->index ? malloc(sizeof(*h)) : NULL;
+  if (h) sl->refs++;
+  pthread_mutex_unlock(&srv->listen_lock);
+  if (h) {
+    *h = (lx_handoff_t){sl, fd, target};
+    if (reactor_post(srv->lanes[target]->r, lx__adopt, h, srv) == 0) return;
+    lx_shared_release(srv, sl);
+    free(h);
+  }
+  reactor_adopt(ln->r, fd, &svc->proto, svc, svc->opts);
 }
 
 /* ---- mp.listen ---- */
@@ -147,6 +213,12 @@ static int lx_listen(lua_State *L) {
     lx_service_free(svc);
     return luaL_error(L, "cannot listen on %s: %s", desc, strerror(e));
   }
+  if (ln->srv->nlanes > 1) {
+    reactor_listener_set_dispatch(svc->listener, lx__dispatch, svc);
+    pthread_mutex_lock(&ln->srv->listen_lock);
+    sl->svc[ln->index] = svc;
+    pthread_mutex_unlock(&ln->srv->listen_lock);
+  }
   lx_listener_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
   ud->svc = svc;
   ud->port = path ? 0 : sock_local_port(sl->fd);
@@ -181,7 +253,10 @@ static int lx_listener_close(lua_State *L) {
   s->closed = true;
   if (s->listener) reactor_listener_close(s->listener);
   s->listener = NULL;
-  if (s->shared) lx_shared_release(s->ln->srv, s->shared);
+  if (s->shared) {
+    lx_shared_detach(s->ln->srv, s->shared, s->ln->index);
+    lx_shared_release(s->ln->srv, s->shared);
+  }
   s->shared = NULL;
   lx_service_maybe_free(s);
   return 0;
@@ -359,10 +434,13 @@ static void lx__sleep_fire(mp_timer_t *mt) {
   else
     ln->sleeps = s->next;
   if (s->next) s->next->prev = s->prev;
+  s->prev = s->next = NULL;
   lx_run_t run = s->run;
-  free(s);
   lx_resume(ln, &run, 0);
 }
+
+/* The timer is done with its storage only after fn returned. */
+static void lx__sleep_free(mp_timer_t *mt) { free(mt->udata); }
 
 static int lx_sleep(lua_State *L) {
   lx_lane_t *ln = lx__ln(L);
@@ -376,7 +454,7 @@ static int lx_sleep(lua_State *L) {
   s->ln = ln;
   timer_init(&s->timer);
   if (timer_start(reactor_timers(ln->r), &s->timer, reactor_now(ln->r),
-                  (uint64_t)ms, 0, 1, lx__sleep_fire, NULL, s)) {
+                  (uint64_t)ms, 0, 1, lx__sleep_fire, lx__sleep_free, s)) {
     free(s);
     return luaL_error(L, "mp.sleep: out of memory");
   }

@@ -73,6 +73,8 @@ struct listener {
   void *service;
   conn_opts_t opts;
   mp_timer_t retry; /* re-arms accepting after EMFILE */
+  void (*dispatch)(listener_t *l, int fd, void *arg);
+  void *dispatch_arg;
   listener_t *prev, *next;
 };
 
@@ -512,14 +514,33 @@ static void listener__accept(listener_t *l) {
                   NULL, l);
       return;
     }
-    conn_t *c = conn__new(r, fd, l->proto, l->service, l->opts, F_OPEN);
-    if (!c) {
-      close(fd);
-      continue;
-    }
-    if (l->proto->on_open) conn__call(c, l->proto->on_open);
-    if (c->flags & F_DEAD) conn__enqueue(c, 0);
+    if (l->dispatch)
+      l->dispatch(l, fd, l->dispatch_arg);
+    else
+      reactor_adopt(r, fd, l->proto, l->service, l->opts);
   }
+}
+
+void reactor_adopt(reactor_t *r, int fd, const proto_t *proto, void *service,
+                   conn_opts_t opts) {
+  if (r->stopping) {
+    close(fd);
+    return;
+  }
+  conn_t *c = conn__new(r, fd, proto, service, opts, F_OPEN);
+  if (!c) {
+    close(fd);
+    return;
+  }
+  if (proto->on_open) conn__call(c, proto->on_open);
+  if (c->flags & F_DEAD) conn__enqueue(c, 0);
+}
+
+void reactor_listener_set_dispatch(listener_t *l,
+                                   void (*dispatch)(listener_t *, int, void *),
+                                   void *arg) {
+  l->dispatch = dispatch;
+  l->dispatch_arg = arg;
 }
 
 listener_t *reactor_listen(reactor_t *r, int fd, const proto_t *proto,

@@ -116,6 +116,20 @@ timer_heap_t *reactor_timers(reactor_t *r);
  * thread. */
 listener_t *reactor_listen(reactor_t *r, int fd, const proto_t *proto,
                            void *service, conn_opts_t opts);
+/* With a dispatcher, each accepted fd goes to dispatch(l, fd, arg) instead
+ * of becoming a connection of this reactor, so the caller can spread
+ * connections over reactors (reactor_adopt on the chosen one). Set it
+ * right after reactor_listen. Reactor thread. */
+void reactor_listener_set_dispatch(listener_t *l,
+                                   void (*dispatch)(listener_t *l, int fd,
+                                                    void *arg),
+                                   void *arg);
+
+/* Makes an accepted fd a connection of this reactor (on_open runs). On
+ * failure the fd is closed. Reactor thread. */
+void reactor_adopt(reactor_t *r, int fd, const proto_t *proto, void *service,
+                   conn_opts_t opts);
+
 /* Stops accepting in this reactor and frees the listener; connections it
  * accepted go on. Reactor thread. */
 void reactor_listener_close(listener_t *l);
