@@ -69,7 +69,8 @@ bench: all
 	@bash scripts/setup --bench
 	@bash scripts/bench-echo
 
-run: all
+run: setup
+	@$(MAKE) --no-print-directory all
 	./build/moonport examples/echo.lua
 
 clean:

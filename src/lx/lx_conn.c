@@ -98,7 +98,7 @@ static int lx_conn_write(lua_State *L) {
   int rc;
   if (len >= LX_ZERO_COPY_MIN) {
     lua_pushvalue(L, 2);
-    int ref = luaL_ref(ln->L, LUA_REGISTRYINDEX); /* released when sent */
+    int ref = luaL_ref(L, LUA_REGISTRYINDEX); /* released when sent */
     rc = reactor_conn_write_ref(c, p, len, lx__unref_string, ln,
                                 (void *)(intptr_t)ref);
   } else {
