@@ -6,9 +6,8 @@
 #include <stdlib.h>
 
 void timer_heap_init(timer_heap_t *h) {
-  h->v = NULL;
-  h->n = h->cap = 0;
-  h->seq_now = 0;
+  h->v = h->batch = NULL;
+  h->n = h->cap = h->bcap = 0;
 }
 
 void timer_heap_deinit(timer_heap_t *h) {
@@ -17,6 +16,7 @@ void timer_heap_deinit(timer_heap_t *h) {
     h->v[i]->armed = false;
   }
   free(h->v);
+  free(h->batch);
   timer_heap_init(h);
 }
 
@@ -93,7 +93,6 @@ int timer_start(timer_heap_t *h, mp_timer_t *t, uint64_t now, uint64_t delay,
   t->fn = fn;
   t->on_finish = on_finish;
   t->udata = udata;
-  t->firing = false;
   int rc = timer__push(h, t);
   if (rc) return rc;
   t->armed = true;
@@ -116,19 +115,38 @@ int64_t timer_heap_wait(const timer_heap_t *h, uint64_t now) {
 }
 
 size_t timer_heap_run(timer_heap_t *h, uint64_t now) {
-  size_t ran = 0;
-  h->seq_now = now;
-  /* A repeating timer whose next time is already past is queued for a
-   * later call, so one busy loop iteration can't spin on it forever. */
-  size_t budget = h->n;
-  while (h->n > 0 && h->v[0]->due <= now && budget-- > 0) {
+  /* Take every timer due now out first, so that timers the callbacks start
+   * (even for "now") wait for the next call, and none of the due ones is
+   * skipped. While in the batch a timer counts as firing: a stop from
+   * another callback defers its on_finish to here, so the storage stays
+   * valid until the batch is done with it. */
+  size_t nb = 0;
+  while (h->n > 0 && h->v[0]->due <= now) {
+    if (nb == h->bcap) {
+      size_t cap = h->bcap ? h->bcap * 2 : 16;
+      mp_timer_t **b = realloc(h->batch, cap * sizeof(*b));
+      if (!b) break; /* the rest runs on a later call */
+      h->batch = b;
+      h->bcap = cap;
+    }
     mp_timer_t *t = h->v[0];
     timer__remove(h, t);
-    if (t->remaining > 0) t->remaining--;
     t->firing = true;
-    t->fn(t);
+    h->batch[nb++] = t;
+  }
+  size_t ran = 0;
+  for (size_t i = 0; i < nb; i++) {
+    mp_timer_t *t = h->batch[i];
+    if (t->idx != TIMER_NOT_QUEUED) { /* stopped and started again */
+      t->firing = false;
+      continue;
+    }
+    if (t->armed) {
+      if (t->remaining > 0) t->remaining--;
+      t->fn(t);
+      ran++;
+    }
     t->firing = false;
-    ran++;
     if (t->idx != TIMER_NOT_QUEUED) continue; /* fn stopped and restarted it */
     if (t->armed && t->remaining != 0) {
       t->due += t->interval;

@@ -23,7 +23,7 @@ struct timer_s {
   void *udata;
   size_t idx;         /* position in the heap, or TIMER_NOT_QUEUED */
   bool armed;         /* started and not yet finished */
-  bool firing;        /* fn is running */
+  bool firing;        /* fn is running, or about to in this batch */
 };
 
 #define TIMER_NOT_QUEUED ((size_t)-1)
@@ -31,7 +31,8 @@ struct timer_s {
 typedef struct {
   mp_timer_t **v;
   size_t n, cap;
-  uint64_t seq_now; /* the loop's idea of now, updated by timer_heap_run */
+  mp_timer_t **batch; /* the timers timer_heap_run is running */
+  size_t bcap;
 } timer_heap_t;
 
 void timer_heap_init(timer_heap_t *h);

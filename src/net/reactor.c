@@ -95,6 +95,8 @@ struct reactor {
   listener_t *listeners;
   mp_timer_t sweep; /* idle timeouts, once a second */
   int refs;
+  bool more_tasks;   /* a queue still had tasks after the last run */
+  bool local_pushed; /* reactor_defer was called since the last run */
   bool stopping, stop_hook_done;
   uint64_t deadline;
   void (*stop_hook)(reactor_t *r, void *arg);
@@ -722,6 +724,7 @@ int reactor_post(reactor_t *r, void (*fn)(void *, void *), void *a, void *b) {
 }
 
 int reactor_defer(reactor_t *r, void (*fn)(void *, void *), void *a, void *b) {
+  r->local_pushed = true;
   return defer_push(&r->local, fn, a, b);
 }
 
@@ -786,7 +789,7 @@ int reactor_run(reactor_t *r) {
               NULL, r);
   for (;;) {
     int wait = -1;
-    if (r->pend_head || defer_pending(&r->local)) {
+    if (r->pend_head || r->more_tasks || r->local_pushed) {
       wait = 0;
     } else {
       int64_t t = timer_heap_wait(&r->timers, r->now);
@@ -802,8 +805,10 @@ int reactor_run(reactor_t *r) {
     for (int i = 0; i < n; i++) reactor__event(r, &ev[i]);
     reactor__drain_pending(r);
     timer_heap_run(&r->timers, r->now);
-    defer_run(&r->mailbox, 1024);
-    defer_run(&r->local, 1024);
+    /* A queue left non-empty sends no new wake-up: poll without waiting. */
+    r->local_pushed = false;
+    r->more_tasks = defer_run(&r->mailbox, 1024) == 1024;
+    r->more_tasks |= defer_run(&r->local, 1024) == 1024;
     reactor__drain_pending(r);
     if (!r->stopping) continue;
     if (r->now >= r->deadline) {

@@ -71,10 +71,12 @@ static sock_uuid_t sock__make(int fd, uint32_t gen) {
 sock_uuid_t sock_uuid_open(int fd, int owner, void *udata) {
   if (fd < 0 || (size_t)fd >= sock_cap) return 0;
   struct sock_entry *e = &sock_table[fd];
+  /* Open generations are odd, closed ones even (a zeroed entry is closed),
+   * so no uuid made up from a bare fd is ever valid. */
   uint32_t gen = (atomic_load_explicit(&e->gen, memory_order_relaxed) + 1) &
                  SOCK_GEN_MASK;
-  if (gen == 0) gen = 1; /* keeps uuid 0 invalid for fd 0 */
-  atomic_store_explicit(&e->owner, owner, memory_order_relaxed);
+  if (!(gen & 1)) gen = (gen + 1) & SOCK_GEN_MASK;
+  atomic_store_explicit(&e->owner, owner, memory_order_release);
   atomic_store_explicit(&e->udata, udata, memory_order_relaxed);
   atomic_store_explicit(&e->gen, gen, memory_order_release);
   return sock__make(fd, gen);
@@ -93,15 +95,15 @@ void sock_uuid_close(sock_uuid_t uuid) {
 
 bool sock_uuid_valid(sock_uuid_t uuid) {
   struct sock_entry *e = sock__entry(uuid);
-  if (!e || uuid == 0) return false;
+  if (!e) return false;
   uint32_t gen = atomic_load_explicit(&e->gen, memory_order_acquire);
-  return sock__make(sock_uuid_fd(uuid), gen) == uuid;
+  return (gen & 1) && sock__make(sock_uuid_fd(uuid), gen) == uuid;
 }
 
 int sock_uuid_owner(sock_uuid_t uuid) {
   struct sock_entry *e = sock__entry(uuid);
   if (!e || !sock_uuid_valid(uuid)) return -1;
-  int owner = atomic_load_explicit(&e->owner, memory_order_relaxed);
+  int owner = atomic_load_explicit(&e->owner, memory_order_acquire);
   return sock_uuid_valid(uuid) ? owner : -1;
 }
 
