@@ -402,6 +402,7 @@ struct pool_probe {
   atomic_int done[POOL_N];
   atomic_int bad_index;
   atomic_int signals_open; /* runs that found a signal unblocked */
+  atomic_int faults_blocked; /* runs that found SIGSEGV & co. blocked */
   atomic_int running, max_running;
   void *self;
 };
@@ -418,6 +419,10 @@ static void pool_run(void *arg, size_t index) {
   if (!sigismember(&cur, SIGINT) || !sigismember(&cur, SIGTERM) ||
       !sigismember(&cur, SIGUSR1) || !sigismember(&cur, SIGCHLD))
     atomic_fetch_add(&p->signals_open, 1);
+  /* A crash in a pool thread must still be delivered. */
+  if (sigismember(&cur, SIGSEGV) || sigismember(&cur, SIGBUS) ||
+      sigismember(&cur, SIGFPE) || sigismember(&cur, SIGABRT))
+    atomic_fetch_add(&p->faults_blocked, 1);
   int now = atomic_fetch_add(&p->running, 1) + 1;
   int max = atomic_load(&p->max_running);
   while (now > max && !atomic_compare_exchange_weak(&p->max_running, &max, now)) {
@@ -452,6 +457,7 @@ static void test_pool(void) {
   CHECK(all_done); /* join returned only after every run returned */
   CHECK_EQ(atomic_load(&p.bad_index), 0);
   CHECK_EQ(atomic_load(&p.signals_open), 0);
+  CHECK_EQ(atomic_load(&p.faults_blocked), 0);
   CHECK_EQ(atomic_load(&p.running), 0);
   CHECK(atomic_load(&p.max_running) >= 1);
 

@@ -150,8 +150,15 @@ defer_pool_t *defer_pool_new(size_t n, void (*run)(void *arg, size_t index),
   pool->arg = arg;
   pthread_mutex_init(&pool->gate_lock, NULL);
   pthread_cond_init(&pool->gate_cond, NULL);
+  /* Asynchronous signals are for the main thread; faults stay deliverable
+   * so a crash in a pool thread still reaches the sanitizers and the
+   * default action. */
   sigset_t all, old;
   sigfillset(&all);
+  static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT,
+                               SIGTRAP, SIGSYS};
+  for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+    sigdelset(&all, faults[i]);
   pthread_sigmask(SIG_BLOCK, &all, &old);
   size_t started = 0;
   int err = 0;
