@@ -47,8 +47,18 @@ static lx_lane_t *lx__ln(lua_State *L) {
   return lua_touserdata(L, lua_upvalueindex(1));
 }
 
+/* luaL_checkudata looks the metatable up by name in the registry on every
+ * call; methods carry it as upvalue 2 instead (every method call goes
+ * through here, conn:write included). */
 static lx_conn_ud_t *lx__check(lua_State *L) {
-  return luaL_checkudata(L, 1, LX_CONN_MT);
+  void *ud = lua_touserdata(L, 1);
+  if (ud && lua_getmetatable(L, 1)) {
+    int same = lua_rawequal(L, -1, lua_upvalueindex(2));
+    lua_pop(L, 1);
+    if (same) return ud;
+  }
+  luaL_typerror(L, 1, LX_CONN_MT);
+  return NULL;
 }
 
 /* The live connection behind argument 1, or NULL once it closed. */
@@ -206,7 +216,7 @@ static int lx_conn_timeout(lua_State *L) {
 }
 
 static int lx_conn_tostring(lua_State *L) {
-  lx_conn_ud_t *ud = lx__check(L);
+  lx_conn_ud_t *ud = luaL_checkudata(L, 1, LX_CONN_MT);
   lua_pushfstring(L, "moonport.conn(%f)", (lua_Number)ud->uuid);
   return 1;
 }
@@ -230,7 +240,8 @@ void lx_conn_open(lua_State *L, lx_lane_t *ln) {
     lua_error(L);
   lua_newtable(L);
   lua_pushlightuserdata(L, ln);
-  luaL_setfuncs(L, lx_conn_methods, 1);
+  lua_pushvalue(L, -4); /* the metatable */
+  luaL_setfuncs(L, lx_conn_methods, 2);
   lua_pushlightuserdata(L, (void *)&lx_noenv_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
   lua_getglobal(L, "debug");
