@@ -131,9 +131,14 @@ static int sock__resolve(const char *host, int port, bool passive,
   return -EADDRNOTAVAIL;
 }
 
-int sock_listen_tcp(const char *host, int port, int backlog) {
+/* Makes a TCP socket for each address host:port resolves to until
+ * try(fd, address, arg) accepts one (returns 0); returns its fd or the last
+ * error. */
+static int sock__tcp(const char *host, int port, bool passive,
+                     int (*try)(int fd, const struct addrinfo *p, void *arg),
+                     void *arg) {
   struct addrinfo *ai;
-  int rc = sock__resolve(host && *host ? host : NULL, port, true, &ai);
+  int rc = sock__resolve(host, port, passive, &ai);
   if (rc) return rc;
   rc = -EADDRNOTAVAIL;
   for (struct addrinfo *p = ai; p; p = p->ai_next) {
@@ -143,17 +148,28 @@ int sock_listen_tcp(const char *host, int port, int backlog) {
       rc = -errno;
       continue;
     }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, p->ai_addr, p->ai_addrlen) == 0 && listen(fd, backlog) == 0) {
+    rc = try(fd, p, arg);
+    if (rc == 0) {
       freeaddrinfo(ai);
       return fd;
     }
-    rc = -errno;
     close(fd);
   }
   freeaddrinfo(ai);
   return rc;
+}
+
+static int sock__try_listen(int fd, const struct addrinfo *p, void *arg) {
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, p->ai_addr, p->ai_addrlen) || listen(fd, *(int *)arg))
+    return -errno;
+  return 0;
+}
+
+int sock_listen_tcp(const char *host, int port, int backlog) {
+  return sock__tcp(host && *host ? host : NULL, port, true, sock__try_listen,
+                   &backlog);
 }
 
 static int sock__unix_addr(const char *path, struct sockaddr_un *sa) {
@@ -221,29 +237,20 @@ int sock_accept(int listen_fd) {
   return fd;
 }
 
-int sock_connect_tcp(const char *host, int port, bool *done) {
-  struct addrinfo *ai;
-  int rc = sock__resolve(host, port, false, &ai);
-  if (rc) return rc;
-  rc = -EADDRNOTAVAIL;
-  for (struct addrinfo *p = ai; p; p = p->ai_next) {
-    int fd = socket(p->ai_family, p->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    p->ai_protocol);
-    if (fd < 0) {
-      rc = -errno;
-      continue;
-    }
-    sock__nodelay(fd);
-    if (connect(fd, p->ai_addr, p->ai_addrlen) == 0 || errno == EINPROGRESS) {
-      *done = errno != EINPROGRESS;
-      freeaddrinfo(ai);
-      return fd;
-    }
-    rc = -errno;
-    close(fd);
+static int sock__try_connect(int fd, const struct addrinfo *p, void *arg) {
+  bool *done = arg;
+  sock__nodelay(fd);
+  if (connect(fd, p->ai_addr, p->ai_addrlen) == 0) {
+    *done = true;
+    return 0;
   }
-  freeaddrinfo(ai);
-  return rc;
+  if (errno != EINPROGRESS) return -errno;
+  *done = false;
+  return 0;
+}
+
+int sock_connect_tcp(const char *host, int port, bool *done) {
+  return sock__tcp(host, port, false, sock__try_connect, done);
 }
 
 int sock_connect_unix(const char *path, bool *done) {
@@ -252,10 +259,10 @@ int sock_connect_unix(const char *path, bool *done) {
   if (rc) return rc;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
-  errno = 0;
-  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ||
-      errno == EINPROGRESS || errno == EAGAIN) {
-    *done = errno == 0;
+  /* A Unix connect completes at once or fails; EAGAIN means the listener's
+   * backlog is full, which is a failure too (nothing is in progress). */
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+    *done = true;
     return fd;
   }
   rc = -errno;
