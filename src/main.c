@@ -125,6 +125,15 @@ static int parse_args(int argc, char **argv, options_t *o) {
   return i;
 }
 
+/* A process forked from a lane (os.execute, io.popen) inherits the lane's
+ * blocked signals and the ignored SIGPIPE; give it ordinary ones. */
+static void child_after_fork(void) {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  signal(SIGPIPE, SIG_DFL);
+}
+
 static void lane_thread(void *arg, size_t index) {
   lx_server_t *srv = arg;
   lx_lane_run(srv->lanes[index]);
@@ -148,13 +157,7 @@ int main(int argc, char **argv) {
   if (o.verbose) log_set_level(LOG_INFO);
 
   signal(SIGPIPE, SIG_IGN);
-  /* Signals are taken by sigtimedwait on this thread; lanes block them. */
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &sigs, NULL);
+  pthread_atfork(NULL, NULL, child_after_fork);
 
   if ((rc = sock_init())) {
     log_error("cannot start: %s", strerror(-rc));
@@ -186,6 +189,15 @@ int main(int argc, char **argv) {
     }
     srv.group.r[i] = srv.lanes[i]->r;
   }
+  /* Until here a signal simply ends the process (a script stuck at top
+   * level can be interrupted); from now on sigtimedwait on this thread
+   * takes them, and the lanes block them. */
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &sigs, NULL);
   defer_pool_t *pool = defer_pool_new(srv.nlanes, lane_thread, &srv);
   if (!pool) {
     log_error("cannot start %zu threads: %s", srv.nlanes, strerror(errno));

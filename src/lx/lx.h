@@ -29,7 +29,24 @@ typedef struct {
   conn_t *c;          /* LX_CONN: held while suspended */
   lx_timer_t *timer;  /* LX_TIMER: stopped on error */
   const char *what;   /* "on_data", "timer", ... for the log */
+  int anchor;         /* registry ref keeping `timer` alive while suspended */
 } lx_run_t;
+
+/* How a waiting API suspends a callback: from Lua it yields
+ * (lx_wait_token, arm, args...). The runner recognises the token, holds
+ * the callback (its connection, or the lane) and calls arm(ln, run, co)
+ * with the args at co's stack index 3 and up; arm keeps a copy of *run and
+ * later calls lx_resume with what the wait returns. arm returns 0, or a
+ * negative errno, and then the callback fails with that error. A yield
+ * without the token is reported as an error. */
+typedef int (*lx_arm_fn)(lx_lane_t *ln, const lx_run_t *run, lua_State *co);
+extern const char lx_wait_token;
+/* Pushes a Lua function f(...) that calls check(...) (a C function with the
+ * lane as upvalue 1, which raises on misuse) and then waits through arm. */
+void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
+                    lx_arm_fn arm);
+/* Raises unless L is the coroutine of the callback now running. */
+void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api);
 
 /* A suspended callback waiting for a timer (mp.sleep). */
 typedef struct lx_sleep {
@@ -72,7 +89,6 @@ struct lx_lane {
   reactor_t *r;
   lua_State *L;
   lx_run_t *running;  /* the callback now running, or NULL */
-  bool yield_ok;      /* set by a waiting API right before lua_yield */
   struct lx_idle_co {
     lua_State *co;
     int ref; /* registry anchor */
@@ -81,6 +97,7 @@ struct lx_lane {
   int start_ref, stop_ref; /* registry: lists of mp.on handlers */
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
+  int port0_listens;           /* mp.listen calls with port 0 so far */
 };
 
 /* ---- lx_lane.c ---- */
@@ -154,11 +171,15 @@ void lx_conn_push_closed(lua_State *L, lx_lane_t *ln);
 
 /* A timer whose callback failed: stop it without its on_done. */
 void lx_timer_failed(lx_timer_t *t);
+/* A registry ref to the timer's userdata (LUA_NOREF once finished). */
+int lx_timer_anchor(lx_timer_t *t);
 
 /* The `moonport` module loader (package.preload). */
 int luaopen_moonport(lua_State *L);
-/* Forgets lane `index`'s service on a shared listener (it is closing). */
-void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index);
+struct lx_service;
+/* Forgets lane `index`'s service `svc` on a shared listener (closing). */
+void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index,
+                      struct lx_service *svc);
 /* Releases this lane's hold on shared listeners of a closed service. */
 void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl);
 /* Closes every shared listener and unlinks Unix paths. Main thread, at

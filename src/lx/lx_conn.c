@@ -170,17 +170,20 @@ static int lx_conn_resume(lua_State *L) {
 
 static int lx_conn_peer(lua_State *L) {
   conn_t *c = lx__conn(L, lx__ln(L));
-  char ip[64];
+  char ip[128];
   int port;
   if (!c || sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port)) {
     lua_pushnil(L);
     return 1;
   }
   lua_pushstring(L, ip);
-  if (strcmp(ip, "unix") == 0)
-    lua_pushliteral(L, "");
-  else
+  if (strcmp(ip, "unix") == 0) {
+    char path[128];
+    if (sock_local_path(reactor_conn_fd(c), path, sizeof(path))) path[0] = 0;
+    lua_pushstring(L, path);
+  } else {
     lua_pushinteger(L, port);
+  }
   return 2;
 }
 
@@ -367,6 +370,9 @@ lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
   lua_Number limit = lx__number(L, idx, "write_limit",
                                 (lua_Number)REACTOR_DEFAULT_WRITE_LIMIT, 1024,
                                 (lua_Number)((size_t)1 << 40));
+  lua_Number max_queue = lx__number(L, idx, "max_queue",
+                                    (lua_Number)REACTOR_DEFAULT_MAX_QUEUE, 1024,
+                                    (lua_Number)((size_t)1 << 40));
   static const char *const names[] = {"on_open",     "on_data",  "on_ready",
                                       "on_timeout",  "on_shutdown",
                                       "on_close",    "on_fail"};
@@ -383,6 +389,7 @@ lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
   s->client = client;
   s->opts.timeout_ms = (uint32_t)(timeout * 1000);
   s->opts.write_limit = (size_t)limit;
+  s->opts.max_queue = (size_t)max_queue;
   s->on_open = lx__handler(L, idx, "on_open");
   s->on_data = lx__handler(L, idx, "on_data");
   s->on_ready = lx__handler(L, idx, "on_ready");
@@ -411,7 +418,7 @@ void lx_service_free(lx_service_t *s) {
     luaL_unref(ln->L, LUA_REGISTRYINDEX, *refs[i]);
   if (s->listener) reactor_listener_close(s->listener);
   if (s->shared) {
-    lx_shared_detach(ln->srv, s->shared, ln->index);
+    lx_shared_detach(ln->srv, s->shared, ln->index, s);
     lx_shared_release(ln->srv, s->shared);
   }
   if (s->prev)

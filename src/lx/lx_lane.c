@@ -32,6 +32,8 @@ const char *lx_errmsg(int err, char *buf, size_t len) {
   switch (err) {
   case -ETIMEDOUT: return "timeout";
   case -ECANCELED: return "shutdown";
+  case -ECONNABORTED: return "closed";
+  case -ENOBUFS: return "queue full";
   case -EADDRNOTAVAIL: return "cannot resolve address";
   case -EPIPE: return "closed";
   default: break;
@@ -89,6 +91,10 @@ static void lx__hold(lx_lane_t *ln, lx_run_t *run) {
     reactor_conn_hold(run->c);
   else
     reactor_ref(ln->r);
+  /* A timer's userdata may lose its last reference while the callback
+   * waits; the callback still needs it if it fails. */
+  if (run->kind == LX_TIMER && run->timer)
+    run->anchor = lx_timer_anchor(run->timer);
 }
 
 static void lx__release(lx_lane_t *ln, lx_run_t *run) {
@@ -96,16 +102,20 @@ static void lx__release(lx_lane_t *ln, lx_run_t *run) {
     reactor_conn_release(run->c);
   else
     reactor_unref(ln->r);
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, run->anchor);
+  run->anchor = LUA_NOREF;
 }
 
 /* Handles the error of a failed callback where it happened. */
 static void lx__failed(lx_lane_t *ln, lx_run_t *run, int status) {
   lua_State *L = ln->L;
-  const char *msg = lua_tostring(run->co, -1);
+  const char *msg;
   if (status == LUA_YIELD)
     msg = "attempt to yield from a callback outside a moonport waiting API "
           "(use mp.sleep; coroutines of your own must be resumed by you)";
-  else if (!msg)
+  else if (lua_gettop(run->co) > 0 && lua_type(run->co, -1) == LUA_TSTRING)
+    msg = lua_tostring(run->co, -1);
+  else
     msg = "(error object is not a string)";
   luaL_traceback(L, run->co, msg, 0);
   log_error("error in %s: %s", run->what, lua_tostring(L, -1));
@@ -116,18 +126,26 @@ static void lx__failed(lx_lane_t *ln, lx_run_t *run, int status) {
     lx_timer_failed(run->timer);
 }
 
+const char lx_wait_token = 0;
+
 /* One resume of a run; `resumed` says it was suspended before (and so is
  * held). */
 static void lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
   lx_run_t *outer = ln->running;
   ln->running = run;
-  ln->yield_ok = false;
   int status = lua_resume(run->co, nargs);
   ln->running = outer;
-  if (status == LUA_YIELD && ln->yield_ok) {
-    ln->yield_ok = false;
+  if (status == LUA_YIELD && lua_gettop(run->co) >= 2 &&
+      lua_touserdata(run->co, 1) == (void *)&lx_wait_token) {
+    lx_arm_fn arm = (lx_arm_fn)lua_touserdata(run->co, 2);
     if (!resumed) lx__hold(ln, run);
-    return; /* the waiting API keeps a copy of *run */
+    int rc = arm(ln, run, run->co);
+    lua_settop(run->co, 0);
+    if (rc == 0) return; /* arm keeps a copy of *run */
+    char buf[128];
+    lua_pushstring(run->co, lx_errmsg(rc, buf, sizeof(buf)));
+    status = LUA_ERRRUN;
+    resumed = true;
   }
   if (status == 0) {
     lx__co_give_back(ln, run->co, run->co_ref);
@@ -138,9 +156,37 @@ static void lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
   if (resumed) lx__release(ln, run);
 }
 
+void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api) {
+  if (!ln->running || ln->running->co != L)
+    luaL_error(L, "%s: only inside a moonport callback (not at top level, "
+                  "nor in a coroutine of your own)", api);
+}
+
+static const char lx_waiter_src[] =
+    "local check, yield, TOKEN, ARM = ...\n"
+    "return function(...)\n"
+    "  check(...)\n"
+    "  return yield(TOKEN, ARM, ...)\n"
+    "end\n";
+
+void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
+                    lx_arm_fn arm) {
+  if (luaL_loadbuffer(L, lx_waiter_src, sizeof(lx_waiter_src) - 1,
+                      "=moonport.wait"))
+    lua_error(L);
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, check, 1);
+  lua_getglobal(L, "coroutine");
+  lua_getfield(L, -1, "yield");
+  lua_remove(L, -2);
+  lua_pushlightuserdata(L, (void *)&lx_wait_token);
+  lua_pushlightuserdata(L, (void *)arm);
+  lua_call(L, 4, 1);
+}
+
 void lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what) {
-  lx_run_t run = {co, co_ref, kind, c, timer, what};
+  lx_run_t run = {co, co_ref, kind, c, timer, what, LUA_NOREF};
   lx__step(ln, &run, nargs, false);
 }
 

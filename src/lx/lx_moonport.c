@@ -102,10 +102,11 @@ void lx_server_close_listeners(lx_server_t *srv) {
   }
 }
 
-/* Forgets lane `index`'s service on a shared listener (it is closing). */
-void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index) {
+/* Forgets lane `index`'s service `svc` on a shared listener (closing). */
+void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index,
+                      struct lx_service *svc) {
   pthread_mutex_lock(&srv->listen_lock);
-  sl->svc[index] = NULL;
+  if (sl->svc[index] == svc) sl->svc[index] = NULL;
   pthread_mutex_unlock(&srv->listen_lock);
 }
 
@@ -179,23 +180,32 @@ static int lx_listen(lua_State *L) {
   const char *host = luaL_optstring(L, -3, "0.0.0.0");
   int backlog = (int)luaL_optinteger(L, -1, SOMAXCONN);
   int port = 0;
+  if (path && strlen(path) > 200)
+    return luaL_error(L, "mp.listen: Unix socket path too long");
   if (!path) {
-    if (lua_type(L, -2) != LUA_TNUMBER && lua_type(L, -2) != LUA_TSTRING)
+    if (!lua_isnumber(L, -2))
       return luaL_error(L, "mp.listen: give a port (TCP) or a path (Unix)");
     lua_Number p = lua_tonumber(L, -2);
     if (p < 0 || p > 65535 || p != (int)p)
       return luaL_error(L, "mp.listen: bad port %s", lua_tostring(L, -2));
     port = (int)p;
+    if (strlen(host) > 200) return luaL_error(L, "mp.listen: address too long");
   }
-  char key[400], desc[300];
-  if (path) {
+  /* Lanes running the same script share one socket per address. Port 0
+   * asks for a fresh port each time, so the n-th port-0 listen of a lane
+   * shares with the n-th of the other lanes. */
+  char key[300], desc[300];
+  if (path)
     snprintf(key, sizeof(key), "unix:%s", path);
-    snprintf(desc, sizeof(desc), "unix:%s", path);
-  } else {
+  else if (port)
     snprintf(key, sizeof(key), "tcp:%s:%d", host, port);
-    snprintf(desc, sizeof(desc), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
-             port);
-  }
+  else
+    snprintf(key, sizeof(key), "tcp:%s:0#%d", host, ln->port0_listens++);
+  if (path)
+    snprintf(desc, sizeof(desc), "unix:%s", path);
+  else
+    snprintf(desc, sizeof(desc), strchr(host, ':') ? "[%s]:%d" : "%s:%d",
+             host, port);
   lx_service_t *svc = lx_service_new(L, ln, 1, false);
   int err = 0;
   lx_shared_listener_t *sl =
@@ -206,30 +216,35 @@ static int lx_listen(lua_State *L) {
     return luaL_error(L, "cannot listen on %s: %s", desc,
                       lx_errmsg(err, buf, sizeof(buf)));
   }
+  pthread_mutex_lock(&ln->srv->listen_lock);
+  bool twice = sl->svc[ln->index] != NULL;
+  if (!twice) sl->svc[ln->index] = svc;
+  pthread_mutex_unlock(&ln->srv->listen_lock);
   svc->shared = sl;
+  if (twice) {
+    lx_service_free(svc);
+    return luaL_error(L, "cannot listen on %s: this lane listens there "
+                         "already", desc);
+  }
   svc->listener = reactor_listen(ln->r, sl->fd, &svc->proto, svc, svc->opts);
   if (!svc->listener) {
     int e = errno;
     lx_service_free(svc);
     return luaL_error(L, "cannot listen on %s: %s", desc, strerror(e));
   }
-  if (ln->srv->nlanes > 1) {
+  if (ln->srv->nlanes > 1)
     reactor_listener_set_dispatch(svc->listener, lx__dispatch, svc);
-    pthread_mutex_lock(&ln->srv->listen_lock);
-    sl->svc[ln->index] = svc;
-    pthread_mutex_unlock(&ln->srv->listen_lock);
-  }
   lx_listener_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
   ud->svc = svc;
   ud->port = path ? 0 : sock_local_port(sl->fd);
   snprintf(ud->address, sizeof(ud->address), "%s", path ? path : host);
   luaL_getmetatable(L, LX_LISTENER_MT);
   lua_setmetatable(L, -2);
-  if (ln->index == 0) {
-    if (!path && port == 0)
-      snprintf(desc + strlen(desc) - 1, 8, "%d", ud->port);
+  if (ln->index == 0 && path)
     log_info("listening on %s", desc);
-  }
+  else if (ln->index == 0)
+    log_info(strchr(host, ':') ? "listening on [%s]:%d" : "listening on %s:%d",
+             host, ud->port);
   return 1;
 }
 
@@ -254,7 +269,7 @@ static int lx_listener_close(lua_State *L) {
   if (s->listener) reactor_listener_close(s->listener);
   s->listener = NULL;
   if (s->shared) {
-    lx_shared_detach(s->ln->srv, s->shared, s->ln->index);
+    lx_shared_detach(s->ln->srv, s->shared, s->ln->index, s);
     lx_shared_release(s->ln->srv, s->shared);
   }
   s->shared = NULL;
@@ -362,6 +377,13 @@ static void lx__timer_finish(mp_timer_t *mt) {
   t->fn_ref = t->done_ref = t->self_ref = LUA_NOREF;
 }
 
+int lx_timer_anchor(lx_timer_t *t) {
+  if (t->self_ref == LUA_NOREF) return LUA_NOREF;
+  lua_State *L = t->ln->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
 void lx_timer_failed(lx_timer_t *t) {
   t->failed = true;
   timer_stop(reactor_timers(t->ln->r), &t->t);
@@ -408,7 +430,8 @@ static int lx_after(lua_State *L) {
 static int lx_every(lua_State *L) {
   lua_Number ms = lx__ms(L, 1);
   lua_Number times = luaL_optnumber(L, 3, 0);
-  if (times < 0) return luaL_argerror(L, 3, "times must be >= 0");
+  if (times < 0 || times != (lua_Number)(int64_t)times)
+    return luaL_argerror(L, 3, "times must be a whole number >= 0");
   return lx__timer_new(L, ms, ms, times, 2, 4);
 }
 
@@ -442,27 +465,28 @@ static void lx__sleep_fire(mp_timer_t *mt) {
 /* The timer is done with its storage only after fn returned. */
 static void lx__sleep_free(mp_timer_t *mt) { free(mt->udata); }
 
-static int lx_sleep(lua_State *L) {
-  lx_lane_t *ln = lx__ln(L);
-  lua_Number ms = lx__ms(L, 1);
-  if (!ln->running || ln->running->co != L)
-    return luaL_error(L, "mp.sleep: only inside a moonport callback (not at "
-                         "top level, nor in a coroutine of your own)");
+static int lx__sleep_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lx_sleep_t *s = calloc(1, sizeof(*s));
-  if (!s) return luaL_error(L, "mp.sleep: out of memory");
-  s->run = *ln->running;
+  if (!s) return -ENOMEM;
+  s->run = *run;
   s->ln = ln;
   timer_init(&s->timer);
   if (timer_start(reactor_timers(ln->r), &s->timer, reactor_now(ln->r),
-                  (uint64_t)ms, 0, 1, lx__sleep_fire, lx__sleep_free, s)) {
+                  (uint64_t)lua_tonumber(co, 3), 0, 1, lx__sleep_fire,
+                  lx__sleep_free, s)) {
     free(s);
-    return luaL_error(L, "mp.sleep: out of memory");
+    return -ENOMEM;
   }
   s->next = ln->sleeps;
   if (s->next) s->next->prev = s;
   ln->sleeps = s;
-  ln->yield_ok = true;
-  return lua_yield(L, 0);
+  return 0;
+}
+
+static int lx__sleep_check(lua_State *L) {
+  lx__ms(L, 1);
+  lx_check_waitable(L, lx__ln(L), "mp.sleep");
+  return 0;
 }
 
 /* ---- defer, events, stop ---- */
@@ -548,7 +572,7 @@ static int lx_now(lua_State *L) {
 
 static const luaL_Reg lx_functions[] = {
     {"listen", lx_listen},   {"connect", lx_connect}, {"after", lx_after},
-    {"every", lx_every},     {"sleep", lx_sleep},     {"defer", lx_defer},
+    {"every", lx_every},     {"defer", lx_defer},
     {"on", lx_on},           {"stop", lx_stop},       {"threads", lx_threads},
     {"lane", lx_lane},       {"pid", lx_pid},         {"now", lx_now},
     {NULL, NULL}};
@@ -578,6 +602,8 @@ int luaopen_moonport(lua_State *L) {
   lua_newtable(L);
   lua_pushlightuserdata(L, ln);
   luaL_setfuncs(L, lx_functions, 1);
+  lx_push_waiter(L, ln, lx__sleep_check, lx__sleep_arm);
+  lua_setfield(L, -2, "sleep");
   lua_pushliteral(L, MOONPORT_VERSION);
   lua_setfield(L, -2, "version");
   lua_createtable(L, ln->srv->argc, 0);

@@ -37,6 +37,7 @@ int poll_wait(int poller, poll_event_t *out, int max, int timeout_ms) {
   for (int i = 0; i < n; i++) {
     unsigned f = 0;
     if (ev[i].events & (EPOLLIN | EPOLLRDHUP)) f |= POLL_READ;
+    if (ev[i].events & EPOLLRDHUP) f |= POLL_RDHUP;
     if (ev[i].events & EPOLLOUT) f |= POLL_WRITE;
     if (ev[i].events & (EPOLLHUP | EPOLLERR)) f |= POLL_HUP | POLL_READ;
     out[i].ptr = ev[i].data.ptr;

@@ -8,12 +8,13 @@ enum {
   POLL_WRITE = 2,     /* writable (or a connect finished) */
   POLL_HUP = 4,       /* peer hung up or the socket failed */
   POLL_EDGE = 8,      /* report changes only: read/write until EAGAIN */
-  POLL_EXCLUSIVE = 16 /* one of the pollers sharing an fd is woken */
+  POLL_EXCLUSIVE = 16, /* one of the pollers sharing an fd is woken */
+  POLL_RDHUP = 32      /* the peer shut down its writing side */
 };
 
 typedef struct {
   void *ptr;      /* given at poll_add */
-  unsigned flags; /* POLL_READ | POLL_WRITE | POLL_HUP */
+  unsigned flags; /* POLL_READ | POLL_WRITE | POLL_HUP | POLL_RDHUP */
 } poll_event_t;
 
 /* A new poller, or a negative errno. */

@@ -54,6 +54,7 @@ struct conn {
   int fail_err;
   uint32_t timeout_ms;
   size_t write_limit;
+  size_t max_queue;
   uint64_t last_active;
   reactor_t *r;
   const proto_t *proto;
@@ -75,6 +76,7 @@ struct listener {
   mp_timer_t retry; /* re-arms accepting after EMFILE */
   void (*dispatch)(listener_t *l, int fd, void *arg);
   void *dispatch_arg;
+  bool closed; /* freed at the end of the loop iteration */
   listener_t *prev, *next;
 };
 
@@ -93,6 +95,7 @@ struct reactor {
   size_t nlive;
   conn_t *pend_head, *pend_tail;
   listener_t *listeners;
+  listener_t *closed_listeners; /* closed, freed after this iteration */
   mp_timer_t sweep; /* idle timeouts, once a second */
   int refs;
   bool more_tasks;   /* a queue still had tasks after the last run */
@@ -163,12 +166,18 @@ static void conn__kill(conn_t *c, int reason) {
   if (!(c->flags & F_CLOSING) || reason == CONN_ERROR) c->reason = reason;
   if (c->flags & F_CONNECTING) { /* never opened: on_fail, not on_close */
     c->flags |= F_FAILED;
-    if (!c->fail_err) c->fail_err = reason == CONN_SHUTDOWN ? -ECANCELED : -EIO;
+    if (!c->fail_err)
+      c->fail_err = reason == CONN_SHUTDOWN ? -ECANCELED
+                    : reason == CONN_LOCAL  ? -ECONNABORTED
+                                            : -EIO;
   }
   c->flags |= F_DEAD;
   c->flags &= ~(F_READ_PENDING | F_CONNECTING);
   if (c->connect_timer) timer_stop(&r->timers, c->connect_timer);
   sock_uuid_close(c->uuid);
+  /* Deregister explicitly: if a fork shares the file description, close
+   * alone would leave it in the epoll set, pointing at freed memory. */
+  poll_del(r->poller, c->fd);
   close(c->fd);
   c->fd = -1;
   sock_wq_clear(&c->wq);
@@ -338,6 +347,10 @@ static int conn__write(conn_t *c, const void *data, size_t len,
     rc = -EPIPE;
     goto fail;
   }
+  if (c->wq.bytes >= c->max_queue) {
+    rc = -ENOBUFS;
+    goto fail;
+  }
   const char *p = data;
   if (c->wq.bytes == 0 && !c->wq.head && (c->flags & F_OPEN)) {
     while (len > 0) {
@@ -382,9 +395,9 @@ int reactor_conn_write_ref(conn_t *c, const void *data, size_t len,
 }
 
 int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len) {
-  if (c->flags & (F_DEAD | F_CLOSING)) {
+  if (c->flags & (F_DEAD | F_CLOSING) || c->wq.bytes >= c->max_queue) {
     close(file_fd);
-    return -EPIPE;
+    return c->flags & (F_DEAD | F_CLOSING) ? -EPIPE : -ENOBUFS;
   }
   bool was_empty = c->wq.head == NULL;
   int rc = sock_wq_push_file(&c->wq, file_fd, offset, len);
@@ -469,6 +482,7 @@ static conn_t *conn__new(reactor_t *r, int fd, const proto_t *proto,
   c->timeout_ms = opts.timeout_ms;
   c->write_limit = opts.write_limit ? opts.write_limit
                                     : REACTOR_DEFAULT_WRITE_LIMIT;
+  c->max_queue = opts.max_queue ? opts.max_queue : REACTOR_DEFAULT_MAX_QUEUE;
   c->last_active = r->now;
   sock_wq_init(&c->wq);
   c->uuid = sock_uuid_open(fd, r->index, c);
@@ -495,14 +509,15 @@ static void listener__accept(listener_t *l);
 
 static void listener__retry(mp_timer_t *t) {
   listener_t *l = t->udata;
-  if (!l->polled && !l->r->stopping &&
+  if (!l->closed && !l->polled && !l->r->stopping &&
       poll_add(l->r->poller, l->fd, l, POLL_READ | POLL_EXCLUSIVE) == 0)
     l->polled = true;
 }
 
 static void listener__accept(listener_t *l) {
   reactor_t *r = l->r;
-  for (int i = 0; i < 64 && !r->stopping; i++) {
+  /* on_open may close the listener: check after every connection. */
+  for (int i = 0; i < 64 && !r->stopping && !l->closed; i++) {
     int fd = sock_accept(l->fd);
     if (fd == -EAGAIN) return;
     if (fd == -EINTR || fd == -ECONNABORTED) continue;
@@ -571,16 +586,32 @@ listener_t *reactor_listen(reactor_t *r, int fd, const proto_t *proto,
   return l;
 }
 
+/* The listener may be in use further up the stack (accepting, an event
+ * of this batch, its retry timer in the running timer batch), so it is
+ * only unhooked here and freed at the end of the loop iteration. */
 void reactor_listener_close(listener_t *l) {
   reactor_t *r = l->r;
+  if (l->closed) return;
+  l->closed = true;
   if (l->polled) poll_del(r->poller, l->fd);
+  l->polled = false;
   timer_stop(&r->timers, &l->retry);
   if (l->prev)
     l->prev->next = l->next;
   else
     r->listeners = l->next;
   if (l->next) l->next->prev = l->prev;
-  free(l);
+  l->prev = NULL;
+  l->next = r->closed_listeners;
+  r->closed_listeners = l;
+}
+
+static void reactor__free_closed_listeners(reactor_t *r) {
+  while (r->closed_listeners) {
+    listener_t *l = r->closed_listeners;
+    r->closed_listeners = l->next;
+    free(l);
+  }
 }
 
 int reactor_listener_fd(const listener_t *l) { return l->fd; }
@@ -611,6 +642,10 @@ conn_t *reactor_connect(reactor_t *r, const char *host, int port,
                         const proto_t *proto, void *service, conn_opts_t opts,
                         int *err) {
   bool done = false;
+  if (r->stopping) {
+    *err = -ECANCELED;
+    return NULL;
+  }
   int fd = path ? sock_connect_unix(path, &done)
                 : sock_connect_tcp(host, port, &done);
   if (fd < 0) {
@@ -692,6 +727,11 @@ reactor_t *reactor_new(int index) {
 void reactor_free(reactor_t *r) {
   if (!r) return;
   while (r->listeners) reactor_listener_close(r->listeners);
+  reactor__free_closed_listeners(r);
+  /* Tasks still posted (connections handed over during the shutdown) see a
+   * stopping reactor and close what they carry. */
+  r->stopping = true;
+  defer_run(&r->mailbox, (size_t)-1);
   while (r->live) {
     conn_t *c = r->live;
     c->flags |= F_NOTIFIED;
@@ -756,7 +796,8 @@ static void reactor__event(reactor_t *r, poll_event_t *ev) {
     return; /* drained after the events */
   }
   if (kind == KIND_LISTENER) {
-    listener__accept(ev->ptr);
+    listener_t *l = ev->ptr;
+    if (!l->closed) listener__accept(l);
     return;
   }
   conn_t *c = ev->ptr;
@@ -770,15 +811,17 @@ static void reactor__event(reactor_t *r, poll_event_t *ev) {
   if (c->flags & F_DEAD) return;
   if (ev->flags & POLL_READ) {
     c->flags |= F_READ_PENDING;
-    if (ev->flags & POLL_HUP) c->flags |= F_PEER_HUP;
-    if (c->flags & F_CLOSING) {
-      /* Reading has stopped; a hang-up or error still ends the wait for
-       * the queue to drain. */
-      if (ev->flags & POLL_HUP) conn__flush(c);
-      return;
-    }
-    if (c->hold == 0)
+    if (ev->flags & (POLL_HUP | POLL_RDHUP)) c->flags |= F_PEER_HUP;
+    if (conn__can_read(c)) {
       conn__read(c);
+    } else if (ev->flags & POLL_HUP) {
+      /* Not reading (paused, back pressure, closing, a callback waits),
+       * but the peer is gone both ways or the socket failed: nothing can
+       * be delivered any more, so don't wait for a resume. */
+      int err = sock_connect_result(c->fd);
+      conn__kill(c, err && err != -ECONNRESET && err != -EPIPE ? CONN_ERROR
+                                                               : CONN_PEER);
+    }
   }
 }
 
@@ -810,19 +853,23 @@ int reactor_run(reactor_t *r) {
     r->more_tasks = defer_run(&r->mailbox, 1024) == 1024;
     r->more_tasks |= defer_run(&r->local, 1024) == 1024;
     reactor__drain_pending(r);
+    reactor__free_closed_listeners(r);
     if (!r->stopping) continue;
-    if (r->now >= r->deadline) {
+    bool past = r->now >= r->deadline;
+    if (past) {
       while (r->live) conn__kill(r->live, CONN_SHUTDOWN);
       reactor__drain_pending(r);
     }
-    if (r->live) continue;
+    if (r->live && !past) continue;
     if (!r->stop_hook_done) {
       r->stop_hook_done = true;
       if (r->deadline < r->now + 1000) r->deadline = r->now + 1000;
       if (r->stop_hook) r->stop_hook(r, r->stop_arg);
       continue;
     }
-    if ((r->refs <= 0 && !r->zombies && !r->pend_head) || r->now >= r->deadline)
+    /* Past the deadline the loop ends whatever is left: callbacks still
+     * waiting are abandoned (their connections get no on_close). */
+    if ((r->refs <= 0 && !r->zombies && !r->pend_head && !r->live) || past)
       break;
   }
   timer_stop(&r->timers, &r->sweep);

@@ -54,9 +54,11 @@ typedef struct {
 typedef struct {
   uint32_t timeout_ms;  /* idle limit, 0 = none */
   size_t write_limit;   /* queue bytes before reading pauses; 0 = default */
+  size_t max_queue;     /* queue bytes past which writes fail; 0 = default */
 } conn_opts_t;
 
 #define REACTOR_DEFAULT_WRITE_LIMIT ((size_t)1 << 20)
+#define REACTOR_DEFAULT_MAX_QUEUE ((size_t)16 << 20)
 #define REACTOR_READ_CHUNK ((size_t)64 * 1024)
 
 /* ---- the loop ---- */
@@ -162,7 +164,10 @@ bool reactor_conn_is_open(const conn_t *c);
 
 /* Writes `len` bytes: as much as the socket takes at once, the rest copied
  * into the queue. 0, or -EPIPE when the connection is closed or closing,
- * or -ENOMEM. A write error closes the connection (CONN_ERROR). */
+ * -ENOBUFS when max_queue bytes are queued already (back pressure only
+ * stops reading; this bounds writes that come from elsewhere, such as
+ * timers or other connections), or -ENOMEM. A write error closes the
+ * connection (CONN_ERROR). */
 int reactor_conn_write(conn_t *c, const void *data, size_t len);
 /* Same without copying: what is not written at once is queued by reference
  * and release(ctx, ctx2) runs when it is sent or dropped. release is also

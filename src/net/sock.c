@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,10 +202,10 @@ int sock_listen_unix(const char *path, int backlog) {
      * died; one that answers belongs to a live server. */
     struct stat st;
     if (stat(path, &st) || !S_ISSOCK(st.st_mode)) return rc;
-    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (probe < 0) return rc;
     int live = connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0 ||
-               errno != ECONNREFUSED;
+               errno != ECONNREFUSED; /* EAGAIN: alive, its backlog is full */
     close(probe);
     if (live) return rc;
     unlink(path);
@@ -293,6 +294,21 @@ int sock_peer(int fd, char *ip, size_t iplen, int *port) {
   } else {
     snprintf(ip, iplen, "unix");
   }
+  return 0;
+}
+
+int sock_local_path(int fd, char *path, size_t len) {
+  struct sockaddr_un sa;
+  socklen_t salen = sizeof(sa);
+  if (getsockname(fd, (struct sockaddr *)&sa, &salen)) return -errno;
+  if (sa.sun_family != AF_UNIX) return -EAFNOSUPPORT;
+  size_t n = salen > offsetof(struct sockaddr_un, sun_path)
+                 ? salen - offsetof(struct sockaddr_un, sun_path)
+                 : 0;
+  if (n > 0 && sa.sun_path[n - 1] == 0) n--;
+  if (n >= len) n = len - 1;
+  memcpy(path, sa.sun_path, n);
+  path[n] = 0;
   return 0;
 }
 

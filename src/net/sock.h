@@ -72,6 +72,9 @@ int sock_connect_result(int fd);
 /* The peer's address as text and port; for a Unix socket "unix" and 0.
  * Returns 0 or a negative errno. */
 int sock_peer(int fd, char *ip, size_t iplen, int *port);
+/* The path a Unix socket is bound to (the listener's path for accepted
+ * connections); "" when unnamed. 0 or a negative errno. */
+int sock_local_path(int fd, char *path, size_t len);
 
 /* ---- the write queue ---- */
 
