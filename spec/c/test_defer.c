@@ -1,5 +1,5 @@
 /* Unit tests for src/core/defer.h: the task queue, its eventfd wake-up and
- * the thread pool. Self-contained: own main(), own check macros. */
+ * the thread pool. Own main(); checks from check.h. */
 #include "core/defer.h"
 
 #include <errno.h>
@@ -16,29 +16,7 @@
 
 /* ---- check macros (main thread only) ---- */
 
-static int g_pass, g_fail;
-
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (cond) {                                                              \
-      g_pass++;                                                              \
-    } else {                                                                 \
-      g_fail++;                                                              \
-      printf("%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);        \
-    }                                                                        \
-  } while (0)
-
-#define CHECK_EQ(a, b)                                                       \
-  do {                                                                       \
-    long long check_a_ = (long long)(a), check_b_ = (long long)(b);          \
-    if (check_a_ == check_b_) {                                              \
-      g_pass++;                                                              \
-    } else {                                                                 \
-      g_fail++;                                                              \
-      printf("%s:%d: check failed: %s == %s (%lld != %lld)\n", __FILE__,     \
-             __LINE__, #a, #b, check_a_, check_b_);                          \
-    }                                                                        \
-  } while (0)
+#include "check.h"
 
 /* ---- helpers ---- */
 
@@ -511,6 +489,5 @@ int main(void) {
   test_multi_producer();
   test_pool();
   test_pool_producers();
-  printf("%d passed, %d failed\n", g_pass, g_fail);
-  return g_fail ? 1 : 0;
+  return check_summary();
 }

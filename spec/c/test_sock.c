@@ -1,5 +1,5 @@
 /* Unit tests for src/net/sock.h: the uuid table and the write queue.
- * Self-contained: own main(), own check macros. */
+ * Own main(); checks from check.h. */
 #include "net/sock.h"
 
 #include <errno.h>
@@ -15,29 +15,7 @@
 
 /* ---- check macros (main thread only) ---- */
 
-static int g_pass, g_fail;
-
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (cond) {                                                              \
-      g_pass++;                                                              \
-    } else {                                                                 \
-      g_fail++;                                                              \
-      printf("%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);        \
-    }                                                                        \
-  } while (0)
-
-#define CHECK_EQ(a, b)                                                       \
-  do {                                                                       \
-    long long check_a_ = (long long)(a), check_b_ = (long long)(b);          \
-    if (check_a_ == check_b_) {                                              \
-      g_pass++;                                                              \
-    } else {                                                                 \
-      g_fail++;                                                              \
-      printf("%s:%d: check failed: %s == %s (%lld != %lld)\n", __FILE__,     \
-             __LINE__, #a, #b, check_a_, check_b_);                          \
-    }                                                                        \
-  } while (0)
+#include "check.h"
 
 
 static bool fd_is_open(int fd) { return fcntl(fd, F_GETFD) != -1; }
@@ -646,6 +624,5 @@ int main(void) {
   generation_zero_never_valid();
   sock_deinit();
   CHECK_EQ(sock_capacity(), 0);
-  printf("%d passed, %d failed\n", g_pass, g_fail);
-  return g_fail ? 1 : 0;
+  return check_summary();
 }

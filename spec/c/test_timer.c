@@ -1,5 +1,5 @@
-/* Unit tests for src/core/timer.h: the timer min-heap. Self-contained: own
- * main(), own check macros. */
+/* Unit tests for src/core/timer.h: the timer min-heap. Own main(); checks
+ * from check.h. */
 #include "core/timer.h"
 
 #include <errno.h>
@@ -9,29 +9,7 @@
 
 /* ---- check macros ---- */
 
-static int g_pass, g_fail;
-
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (cond) {                                                              \
-      g_pass++;                                                              \
-    } else {                                                                 \
-      g_fail++;                                                              \
-      printf("%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);        \
-    }                                                                        \
-  } while (0)
-
-#define CHECK_EQ(a, b)                                                       \
-  do {                                                                       \
-    long long check_a_ = (long long)(a), check_b_ = (long long)(b);          \
-    if (check_a_ == check_b_) {                                              \
-      g_pass++;                                                              \
-    } else {                                                                 \
-      g_fail++;                                                              \
-      printf("%s:%d: check failed: %s == %s (%lld != %lld)\n", __FILE__,     \
-             __LINE__, #a, #b, check_a_, check_b_);                          \
-    }                                                                        \
-  } while (0)
+#include "check.h"
 
 
 /* ---- helpers ---- */
@@ -736,6 +714,5 @@ int main(void) {
     started_in_callback_waits();
     stop_start_stop_finishes_once();
   }
-  printf("%d passed, %d failed\n", g_pass, g_fail);
-  return g_fail ? 1 : 0;
+  return check_summary();
 }

@@ -14,14 +14,24 @@ void poll_free(int poller) {
   if (poller >= 0) close(poller);
 }
 
-int poll_add(int poller, int fd, void *ptr, unsigned flags) {
+static struct epoll_event poll__event(void *ptr, unsigned flags) {
   struct epoll_event ev = {.data.ptr = ptr};
   if (flags & POLL_READ) ev.events |= EPOLLIN | EPOLLRDHUP;
   if (flags & POLL_WRITE) ev.events |= EPOLLOUT;
   if (flags & POLL_EDGE) ev.events |= EPOLLET;
   /* EPOLLEXCLUSIVE takes no EPOLLRDHUP (listeners don't need it). */
   if (flags & POLL_EXCLUSIVE) ev.events = (ev.events & ~EPOLLRDHUP) | EPOLLEXCLUSIVE;
+  return ev;
+}
+
+int poll_add(int poller, int fd, void *ptr, unsigned flags) {
+  struct epoll_event ev = poll__event(ptr, flags);
   return epoll_ctl(poller, EPOLL_CTL_ADD, fd, &ev) ? -errno : 0;
+}
+
+int poll_mod(int poller, int fd, void *ptr, unsigned flags) {
+  struct epoll_event ev = poll__event(ptr, flags);
+  return epoll_ctl(poller, EPOLL_CTL_MOD, fd, &ev) ? -errno : 0;
 }
 
 int poll_del(int poller, int fd) {

@@ -22,6 +22,8 @@ int poll_new(void);
 void poll_free(int poller);
 /* Watches `fd` for `flags`; events carry `ptr`. 0 or a negative errno. */
 int poll_add(int poller, int fd, void *ptr, unsigned flags);
+/* Changes what `fd` is watched for and the pointer its events carry. */
+int poll_mod(int poller, int fd, void *ptr, unsigned flags);
 /* Stops watching `fd`. 0 or a negative errno. */
 int poll_del(int poller, int fd);
 /* Waits up to timeout_ms (-1: forever) and fills at most `max` events.

@@ -14,7 +14,10 @@
 #include "net/poll.h"
 
 /* What an epoll event points at: the first member of each pollable. */
-enum { KIND_CONN = 1, KIND_LISTENER, KIND_MAILBOX };
+enum { KIND_CONN = 1, KIND_LISTENER, KIND_MAILBOX, KIND_LINGER };
+
+/* How long a closed socket is drained for the peer's EOF (see linger). */
+#define REACTOR_LINGER_MS 2000
 
 /* Connection flags. */
 enum {
@@ -80,6 +83,14 @@ struct listener {
   listener_t *prev, *next;
 };
 
+/* A socket we closed gracefully, still being read until the peer's EOF. */
+typedef struct mp_linger {
+  int kind; /* KIND_LINGER */
+  int fd;
+  uint64_t until;
+  struct mp_linger *prev, *next;
+} linger_t;
+
 /* Everything here belongs to the reactor's thread, except `mailbox` (its
  * own lock) and `shutdown_req` (atomic: set by any thread). */
 struct reactor {
@@ -96,6 +107,7 @@ struct reactor {
   conn_t *pend_head, *pend_tail;
   listener_t *listeners;
   listener_t *closed_listeners; /* closed, freed after this iteration */
+  linger_t *lingers;            /* closed sockets draining the peer */
   mp_timer_t sweep; /* idle timeouts, once a second */
   int refs;
   bool more_tasks;   /* a queue still had tasks after the last run */
@@ -158,6 +170,47 @@ static void conn__free(conn_t *c) {
   free(c);
 }
 
+static void linger__free(reactor_t *r, linger_t *lg) {
+  if (lg->prev)
+    lg->prev->next = lg->next;
+  else
+    r->lingers = lg->next;
+  if (lg->next) lg->next->prev = lg->prev;
+  poll_del(r->poller, lg->fd);
+  close(lg->fd);
+  free(lg);
+}
+
+/* Reads and drops what the peer sends; true once it is done (EOF/error). */
+static bool linger__drain(reactor_t *r, int fd) {
+  for (;;) {
+    ssize_t n = read(fd, r->rbuf, REACTOR_READ_CHUNK);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  }
+}
+
+/* Closing a socket whose input holds unread bytes makes the kernel send a
+ * reset, which can destroy the last bytes we sent before the peer has read
+ * them. So a graceful close shuts the write side (the peer sees EOF after
+ * every byte), then reads and drops input until the peer's EOF, for at
+ * most REACTOR_LINGER_MS, and only then closes. */
+static void linger__start(reactor_t *r, int fd) {
+  shutdown(fd, SHUT_WR);
+  linger_t *lg = linger__drain(r, fd) ? NULL : malloc(sizeof(*lg));
+  if (!lg || poll_mod(r->poller, fd, lg, POLL_READ | POLL_EDGE)) {
+    free(lg);
+    poll_del(r->poller, fd);
+    close(fd);
+    return;
+  }
+  *lg = (linger_t){KIND_LINGER, fd, r->now + REACTOR_LINGER_MS, NULL,
+                   r->lingers};
+  if (lg->next) lg->next->prev = lg;
+  r->lingers = lg;
+}
+
 /* The fd goes now; the last callback and the free come from the pending
  * list once nothing holds the connection. */
 static void conn__kill(conn_t *c, int reason) {
@@ -174,11 +227,20 @@ static void conn__kill(conn_t *c, int reason) {
   c->flags |= F_DEAD;
   c->flags &= ~(F_READ_PENDING | F_CONNECTING);
   if (c->connect_timer) timer_stop(&r->timers, c->connect_timer);
+  /* A close asked for (not a failure, not the peer's EOF) after the queue
+   * drained: let the peer read everything. */
+  bool graceful = (c->flags & F_CLOSING) && (c->flags & F_OPEN) &&
+                  !c->wq.head && reason != CONN_ERROR && reason != CONN_PEER &&
+                  !(c->flags & F_PEER_HUP);
   sock_uuid_close(c->uuid);
-  /* Deregister explicitly: if a fork shares the file description, close
-   * alone would leave it in the epoll set, pointing at freed memory. */
-  poll_del(r->poller, c->fd);
-  close(c->fd);
+  if (graceful) {
+    linger__start(r, c->fd);
+  } else {
+    /* Deregister explicitly: if a fork shares the file description, close
+     * alone would leave it in the epoll set, pointing at freed memory. */
+    poll_del(r->poller, c->fd);
+    close(c->fd);
+  }
   c->fd = -1;
   sock_wq_clear(&c->wq);
   list__unlink(&r->live, c);
@@ -678,6 +740,10 @@ conn_t *reactor_connect(reactor_t *r, const char *host, int port,
 
 static void reactor__sweep(mp_timer_t *t) {
   reactor_t *r = t->udata;
+  for (linger_t *lg = r->lingers, *next; lg; lg = next) {
+    next = lg->next;
+    if (r->now >= lg->until) linger__free(r, lg);
+  }
   for (conn_t *c = r->live; c; c = c->next) {
     if (c->timeout_ms && !(c->flags & F_CONNECTING) &&
         r->now - c->last_active >= c->timeout_ms) {
@@ -738,6 +804,12 @@ void reactor_free(reactor_t *r) {
     conn__kill(c, CONN_SHUTDOWN);
   }
   while (r->zombies) conn__free(r->zombies);
+  /* Exiting does not wait for lingering peers; one last drain makes a
+   * reset (and lost bytes) unlikely. */
+  while (r->lingers) {
+    linger__drain(r, r->lingers->fd);
+    linger__free(r, r->lingers);
+  }
   timer_heap_deinit(&r->timers);
   defer_queue_deinit(&r->mailbox);
   defer_queue_deinit(&r->local);
@@ -794,6 +866,11 @@ static void reactor__event(reactor_t *r, poll_event_t *ev) {
   if (kind == KIND_MAILBOX) {
     defer_wake_clear(&r->mailbox);
     return; /* drained after the events */
+  }
+  if (kind == KIND_LINGER) {
+    linger_t *lg = ev->ptr;
+    if (linger__drain(r, lg->fd)) linger__free(r, lg);
+    return;
   }
   if (kind == KIND_LISTENER) {
     listener_t *l = ev->ptr;
@@ -865,6 +942,7 @@ int reactor_run(reactor_t *r) {
       r->stop_hook_done = true;
       if (r->deadline < r->now + 1000) r->deadline = r->now + 1000;
       if (r->stop_hook) r->stop_hook(r, r->stop_arg);
+      r->more_tasks = true; /* check again at once, not after the sweep */
       continue;
     }
     /* Past the deadline the loop ends whatever is left: callbacks still
