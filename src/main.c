@@ -1,7 +1,10 @@
 /* main: the command line; starts the lanes and turns signals into a
  * graceful shutdown. */
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdint.h>
+#include <sys/eventfd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,13 +128,31 @@ static int parse_args(int argc, char **argv, options_t *o) {
   return i;
 }
 
-/* A process forked from a lane (os.execute, io.popen) inherits the lane's
- * blocked signals and the ignored SIGPIPE; give it ordinary ones. */
-static void child_after_fork(void) {
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
-  signal(SIGPIPE, SIG_DFL);
+/* Signals. No thread blocks them, so a process started from a lane
+ * (os.execute, io.popen: posix_spawn, which runs no atfork handlers)
+ * starts with an ordinary mask; handlers, unlike SIG_IGN, are reset by
+ * exec. The handler only counts and wakes the main thread. */
+static _Atomic int signals_seen;     /* SIGINT/SIGTERM so far */
+static _Atomic int last_signal;
+static int wake_fd = -1;             /* eventfd the main thread polls */
+
+static void on_stop_signal(int sig) {
+  int saved = errno;
+  atomic_store(&last_signal, sig);
+  atomic_fetch_add(&signals_seen, 1);
+  uint64_t one = 1;
+  ssize_t w = write(wake_fd, &one, sizeof(one));
+  (void)w;
+  errno = saved;
+}
+
+/* Writes to a closed socket then fail with EPIPE instead of killing us. */
+static void on_sigpipe(int sig) { (void)sig; }
+
+static void handle(int sig, void (*fn)(int)) {
+  struct sigaction sa = {.sa_handler = fn, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, NULL);
 }
 
 static void lane_thread(void *arg, size_t index) {
@@ -144,6 +165,7 @@ static void cleanup(lx_server_t *srv) {
   lx_server_close_listeners(srv);
   free(srv->lanes);
   free(srv->group.r);
+  if (srv->wake_fd >= 0) close(srv->wake_fd);
   pthread_mutex_destroy(&srv->listen_lock);
   sock_deinit();
 }
@@ -156,8 +178,7 @@ int main(int argc, char **argv) {
   if (script < 0) return -script - 1;
   if (o.verbose) log_set_level(LOG_INFO);
 
-  signal(SIGPIPE, SIG_IGN);
-  pthread_atfork(NULL, NULL, child_after_fork);
+  handle(SIGPIPE, on_sigpipe);
 
   if ((rc = sock_init())) {
     log_error("cannot start: %s", strerror(-rc));
@@ -169,6 +190,11 @@ int main(int argc, char **argv) {
   srv.argv = argv + script + 1;
   srv.nlanes = (size_t)o.threads;
   srv.grace_ms = (uint64_t)(o.grace * 1000);
+  srv.wake_fd = wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd < 0) {
+    log_error("cannot start: %s", strerror(errno));
+    return 1;
+  }
   pthread_mutex_init(&srv.listen_lock, NULL);
   srv.lanes = calloc(srv.nlanes, sizeof(*srv.lanes));
   srv.group.r = calloc(srv.nlanes, sizeof(*srv.group.r));
@@ -190,14 +216,9 @@ int main(int argc, char **argv) {
     srv.group.r[i] = srv.lanes[i]->r;
   }
   /* Until here a signal simply ends the process (a script stuck at top
-   * level can be interrupted); from now on sigtimedwait on this thread
-   * takes them, and the lanes block them. */
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &sigs, NULL);
+   * level can be interrupted); from now on it starts a shutdown. */
+  handle(SIGINT, on_stop_signal);
+  handle(SIGTERM, on_stop_signal);
   defer_pool_t *pool = defer_pool_new(srv.nlanes, lane_thread, &srv);
   if (!pool) {
     log_error("cannot start %zu threads: %s", srv.nlanes, strerror(errno));
@@ -207,16 +228,21 @@ int main(int argc, char **argv) {
   log_info("started: %zu lane%s, script %s", srv.nlanes,
            srv.nlanes == 1 ? "" : "s", srv.script);
 
-  int signals = 0;
+  int handled = 0;
   while ((size_t)atomic_load(&srv.lanes_done) < srv.nlanes) {
-    struct timespec tick = {0, 200 * 1000 * 1000};
-    int sig = sigtimedwait(&sigs, NULL, &tick);
-    if (sig != SIGINT && sig != SIGTERM) continue;
-    signals++;
+    struct pollfd p = {.fd = wake_fd, .events = POLLIN};
+    poll(&p, 1, 1000);
+    uint64_t v;
+    ssize_t r = read(wake_fd, &v, sizeof(v));
+    (void)r;
+    int seen = atomic_load(&signals_seen);
+    if (seen == handled) continue;
+    int sig = atomic_load(&last_signal);
     log_info("%s: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
-             signals == 1 ? "shutting down gracefully" : "closing now");
+             handled == 0 ? "shutting down gracefully" : "closing now");
     for (size_t i = 0; i < srv.nlanes; i++)
-      reactor_shutdown(srv.lanes[i]->r, signals == 1 ? srv.grace_ms : 0);
+      reactor_shutdown(srv.lanes[i]->r, handled == 0 ? srv.grace_ms : 0);
+    handled = seen;
   }
   defer_pool_join(pool);
   cleanup(&srv);

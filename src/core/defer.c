@@ -2,7 +2,6 @@
 #include "core/defer.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
@@ -150,16 +149,6 @@ defer_pool_t *defer_pool_new(size_t n, void (*run)(void *arg, size_t index),
   pool->arg = arg;
   pthread_mutex_init(&pool->gate_lock, NULL);
   pthread_cond_init(&pool->gate_cond, NULL);
-  /* Asynchronous signals are for the main thread; faults stay deliverable
-   * so a crash in a pool thread still reaches the sanitizers and the
-   * default action. */
-  sigset_t all, old;
-  sigfillset(&all);
-  static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT,
-                               SIGTRAP, SIGSYS};
-  for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
-    sigdelset(&all, faults[i]);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
   size_t started = 0;
   int err = 0;
   for (; started < n; started++) {
@@ -168,7 +157,6 @@ defer_pool_t *defer_pool_new(size_t n, void (*run)(void *arg, size_t index),
                          &pool->slots[started]);
     if (err) break;
   }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
   defer__open_gate(pool, err ? -1 : 1);
   if (err) {
     for (size_t i = 0; i < started; i++)

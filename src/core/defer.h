@@ -57,11 +57,9 @@ void defer_wake_clear(defer_queue_t *q);
 void defer_queue_after_fork(defer_queue_t *q);
 
 /* A pool of threads, each running run(arg, index) once, index 0..n-1.
- * Threads start with every asynchronous signal blocked (those are for
- * the main thread); faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT,
- * SIGTRAP, SIGSYS) stay unblocked. No `run` is called until every thread exists: when one cannot
- * start, none runs, the others are joined, and NULL is returned with errno
- * set. */
+ * Threads start with the caller's signal mask. No `run` is called until
+ * every thread exists: when one cannot start, none runs, the others are
+ * joined, and NULL is returned with errno set. */
 typedef struct defer_pool defer_pool_t;
 defer_pool_t *defer_pool_new(size_t n, void (*run)(void *arg, size_t index),
                              void *arg);

@@ -79,6 +79,7 @@ struct lx_server {
   pthread_mutex_t listen_lock;
   lx_shared_listener_t *listeners; /* guarded by listen_lock */
   _Atomic int lanes_done;          /* lanes whose loop has returned */
+  int wake_fd; /* eventfd the main thread polls: signals, lanes done */
 };
 
 /* Everything in a lane belongs to the lane's thread (after start-up, which

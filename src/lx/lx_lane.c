@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "lx/lx.h"
@@ -307,8 +308,9 @@ void lx_lane_run(lx_lane_t *ln) {
   if (rc) log_error("lane %d: event loop failed: %s", ln->index + 1,
                     strerror(-rc));
   atomic_fetch_add(&ln->srv->lanes_done, 1);
-  /* The main thread waits for this in sigtimedwait; wake it at once. */
-  kill(getpid(), SIGCHLD);
+  uint64_t one = 1; /* wake the main thread */
+  ssize_t w = write(ln->srv->wake_fd, &one, sizeof(one));
+  (void)w;
 }
 
 void lx_lane_free(lx_lane_t *ln) {
