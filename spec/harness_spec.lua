@@ -41,7 +41,9 @@ describe("harness", function()
     local out = p:stdout()
     assert.is_nil(out:find("socket:", 1, true), "child inherited a socket:\n" .. out)
     assert.matches(" 0 %-> /dev/null", out)
-    assert.matches("SigIgn:%s+0+\n", out)
+    -- signals 1..31 (the low 32 bits): glibc keeps 32 and 33 for itself, and
+    -- they may arrive ignored from whatever started the test run
+    assert.matches("SigIgn:%s+%x*00000000\n", out)
     assert.matches("X=1 Y=unset", out)
   end)
 
