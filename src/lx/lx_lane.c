@@ -287,7 +287,6 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, char *err, size_t errlen) {
     lx_lane_free(ln);
     return NULL;
   }
-  reactor_set_stop_hook(ln->r, NULL, NULL);
   return ln;
 }
 
