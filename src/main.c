@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/defer.h"
+#include "cluster/cluster.h"
 #include "core/log.h"
 #include "lx/lx.h"
 #include "net/sock.h"
@@ -23,8 +25,10 @@ static const char usage[] =
     "Runs a Lua script that serves TCP and Unix sockets (see docs/API.md).\n"
     "\n"
     "options (environment variable in brackets):\n"
-    "  -t, --threads N   lanes: threads, each with its own Lua VM (1)\n"
-    "                    [MOONPORT_THREADS]\n"
+    "  -w, --workers N   worker processes; with more than one, a root\n"
+    "                    process supervises them (1) [MOONPORT_WORKERS]\n"
+    "  -t, --threads N   lanes per process: threads, each with its own Lua\n"
+    "                    VM (1) [MOONPORT_THREADS]\n"
     "  -g, --grace SEC   graceful shutdown deadline in seconds (8)\n"
     "                    [MOONPORT_GRACE]\n"
     "  -v, --verbose     log lifecycle events [MOONPORT_VERBOSE=1]\n"
@@ -32,6 +36,7 @@ static const char usage[] =
     "  -V, --version     the version\n";
 
 typedef struct {
+  long workers;
   long threads;
   double grace;
   bool verbose;
@@ -66,6 +71,9 @@ static bool parse_double(const char *s, double min, double max, double *out) {
  * exit status + 1. */
 static int parse_env(options_t *o) {
   const char *v;
+  if ((v = getenv("MOONPORT_WORKERS")) && *v &&
+      !parse_long(v, 1, 256, &o->workers))
+    return 1 + usage_error("MOONPORT_WORKERS must be 1 to 256, not '%s'", v);
   if ((v = getenv("MOONPORT_THREADS")) && *v &&
       !parse_long(v, 1, 1024, &o->threads))
     return 1 + usage_error("MOONPORT_THREADS must be 1 to 1024, not '%s'", v);
@@ -106,6 +114,13 @@ static int parse_args(int argc, char **argv, options_t *o) {
       return -1;
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
       o->verbose = true;
+    } else if (strncmp(a, "-w", 2) == 0 || strncmp(a, "--workers", 9) == 0) {
+      size_t skip = a[1] == 'w' ? 2 : 9;
+      if (skip == 9 && a[9] && a[9] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, skip);
+      if (!v) return -usage_error("%s needs a number of workers", a) - 1;
+      if (!parse_long(v, 1, 256, &o->workers))
+        return -usage_error("--workers must be 1 to 256, not '%s'", v) - 1;
     } else if (strncmp(a, "-t", 2) == 0 || strncmp(a, "--threads", 9) == 0) {
       size_t skip = a[1] == 't' ? 2 : 9;
       if (skip == 9 && a[9] && a[9] != '=') return -usage_error("unknown option '%s'", a) - 1;
@@ -134,15 +149,35 @@ static int parse_args(int argc, char **argv, options_t *o) {
  * exec. The handler only counts and wakes the main thread. */
 static _Atomic int signals_seen;     /* SIGINT/SIGTERM so far */
 static _Atomic int last_signal;
+static _Atomic int root_gone;        /* a worker's root died (SIGUSR2) */
+static _Atomic int children_exited;  /* the root got SIGCHLD */
 static int wake_fd = -1;             /* eventfd the main thread polls */
+
+static void wake(void) {
+  uint64_t one = 1;
+  ssize_t w = write(wake_fd, &one, sizeof(one));
+  (void)w;
+}
+
+static void on_root_gone(int sig) {
+  int saved = errno;
+  atomic_store(&root_gone, 1);
+  wake();
+  errno = saved;
+}
+
+static void on_child(int sig) {
+  int saved = errno;
+  atomic_store(&children_exited, 1);
+  wake();
+  errno = saved;
+}
 
 static void on_stop_signal(int sig) {
   int saved = errno;
   atomic_store(&last_signal, sig);
   atomic_fetch_add(&signals_seen, 1);
-  uint64_t one = 1;
-  ssize_t w = write(wake_fd, &one, sizeof(one));
-  (void)w;
+  wake();
   errno = saved;
 }
 
@@ -170,8 +205,160 @@ static void cleanup(lx_server_t *srv) {
   sock_deinit();
 }
 
+static int new_wake_fd(lx_server_t *srv) {
+  srv->wake_fd = wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd >= 0) return 0;
+  log_error("cannot start: %s", strerror(errno));
+  return -1;
+}
+
+/* Serves with T lanes in this process: the whole server when there is one
+ * worker, or one worker of several (ipc_fd >= 0: its link to the root).
+ * Returns the exit status. */
+static int run_lanes(lx_server_t *srv, int ipc_fd) {
+  srv->lanes = calloc(srv->nlanes, sizeof(*srv->lanes));
+  srv->group.r = calloc(srv->nlanes, sizeof(*srv->group.r));
+  srv->group.n = srv->nlanes;
+  if (!srv->lanes || !srv->group.r) {
+    log_error("out of memory");
+    return 1;
+  }
+  /* Each lane loads the script on this thread, before any lane runs: a
+   * script that fails anywhere stops start-up with one line. */
+  for (size_t i = 0; i < srv->nlanes; i++) {
+    char err[1024];
+    srv->lanes[i] = lx_lane_new(srv, (int)i, false, err, sizeof(err));
+    if (!srv->lanes[i]) {
+      log_error("%s", err);
+      cleanup(srv);
+      return 1;
+    }
+    srv->group.r[i] = srv->lanes[i]->r;
+  }
+  /* Until here a signal simply ends the process (a script stuck at top
+   * level can be interrupted); from now on it starts a shutdown. */
+  handle(SIGINT, on_stop_signal);
+  handle(SIGTERM, on_stop_signal);
+  if (ipc_fd >= 0) handle(SIGUSR2, on_root_gone);
+  defer_pool_t *pool = defer_pool_new(srv->nlanes, lane_thread, srv);
+  if (!pool) {
+    log_error("cannot start %zu threads: %s", srv->nlanes, strerror(errno));
+    cleanup(srv);
+    return 1;
+  }
+  log_info("started: %zu lane%s, script %s", srv->nlanes,
+           srv->nlanes == 1 ? "" : "s", srv->script);
+
+  int handled = 0;
+  bool orphan = false;
+  while ((size_t)atomic_load(&srv->lanes_done) < srv->nlanes) {
+    struct pollfd p[2] = {{.fd = wake_fd, .events = POLLIN},
+                          {.fd = ipc_fd, .events = POLLIN}};
+    poll(p, ipc_fd >= 0 ? 2 : 1, 1000);
+    uint64_t v;
+    ssize_t r = read(wake_fd, &v, sizeof(v));
+    (void)r;
+    /* The root is gone (killed outright, say): nobody will tell us to
+     * stop, and nobody replaces us; close soon. */
+    if (!orphan && (atomic_load(&root_gone) ||
+                    (ipc_fd >= 0 && p[1].revents &&
+                     recv(ipc_fd, &v, sizeof(v), MSG_DONTWAIT) == 0))) {
+      orphan = true;
+      log_warn("the root process is gone; worker %d stops", srv->worker_index);
+      uint64_t grace = srv->grace_ms < 1000 ? srv->grace_ms : 1000;
+      for (size_t i = 0; i < srv->nlanes; i++)
+        reactor_shutdown(srv->lanes[i]->r, grace);
+      ipc_fd = -1;
+    }
+    int seen = atomic_load(&signals_seen);
+    if (seen == handled) continue;
+    int sig = atomic_load(&last_signal);
+    log_info("%s: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+             handled == 0 ? "shutting down gracefully" : "closing now");
+    for (size_t i = 0; i < srv->nlanes; i++)
+      reactor_shutdown(srv->lanes[i]->r, handled == 0 ? srv->grace_ms : 0);
+    handled = seen;
+  }
+  defer_pool_join(pool);
+  cleanup(srv);
+  log_info("stopped");
+  return 0;
+}
+
+static int worker_main(int index, int ipc_fd, void *arg) {
+  lx_server_t *srv = arg;
+  srv->worker_index = index;
+  srv->lanes = NULL; /* the root lane stays the root's */
+  srv->nlanes = srv->threads;
+  atomic_store(&srv->lanes_done, 0);
+  atomic_store(&signals_seen, 0);
+  atomic_store(&children_exited, 0);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  if (srv->wake_fd >= 0) close(srv->wake_fd);
+  if (new_wake_fd(srv)) return 1;
+  lx_server_after_fork(srv);
+  return run_lanes(srv, ipc_fd);
+}
+
+/* The root's wake-ups: signals to stop, workers that exited. */
+static void root_wake(void *arg) {
+  cluster_t *c = arg;
+  uint64_t v;
+  ssize_t r = read(wake_fd, &v, sizeof(v));
+  (void)r;
+  static int handled;
+  if (atomic_exchange(&children_exited, 0)) cluster_reap(c);
+  int seen = atomic_load(&signals_seen);
+  if (seen != handled) {
+    log_info("%s: stopping the workers",
+             atomic_load(&last_signal) == SIGINT ? "SIGINT" : "SIGTERM");
+    handled = seen;
+    cluster_stop(c);
+  }
+}
+
+/* Several workers: this process is the root. It runs the script in a root
+ * lane (which opens the listening sockets), forks the workers, supervises
+ * them, and serves no connection itself. */
+static int run_root(lx_server_t *srv) {
+  char err[1024];
+  lx_lane_t *root = lx_lane_new(srv, 0, true, err, sizeof(err));
+  if (!root) {
+    log_error("%s", err);
+    lx_server_close_listeners(srv);
+    return 1;
+  }
+  handle(SIGCHLD, on_child);
+  cluster_t *c = cluster_new(root->r, srv->nworkers, srv->grace_ms,
+                             worker_main, srv);
+  reactor_watch_t *w = c ? reactor_watch(root->r, wake_fd, root_wake, c) : NULL;
+  int rc = w ? cluster_start(c) : -ENOMEM;
+  if (rc) {
+    log_error("cannot start the workers: %s", strerror(-rc));
+    cluster_free(c);
+    lx_lane_free(root);
+    lx_server_close_listeners(srv);
+    return 1;
+  }
+  handle(SIGINT, on_stop_signal);
+  handle(SIGTERM, on_stop_signal);
+  log_info("root started: %d workers of %zu lane%s, script %s", srv->nworkers,
+           srv->threads, srv->threads == 1 ? "" : "s", srv->script);
+  lx_lane_run(root);
+  /* The loop ends once every worker is gone (cluster_stop). */
+  cluster_free(c);
+  lx_lane_free(root);
+  lx_server_close_listeners(srv);
+  free(srv->group.r);
+  close(srv->wake_fd);
+  sock_deinit();
+  log_info("stopped");
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  options_t o = {.threads = 1, .grace = 8};
+  options_t o = {.workers = 1, .threads = 1, .grace = 8};
   int rc = parse_env(&o);
   if (rc) return rc - 1;
   int script = parse_args(argc, argv, &o);
@@ -188,64 +375,11 @@ int main(int argc, char **argv) {
   srv.script = argv[script];
   srv.argc = argc - script - 1;
   srv.argv = argv + script + 1;
-  srv.nlanes = (size_t)o.threads;
+  srv.nlanes = srv.threads = (size_t)o.threads;
+  srv.nworkers = (int)o.workers;
+  srv.worker_index = srv.nworkers == 1 ? 1 : 0;
   srv.grace_ms = (uint64_t)(o.grace * 1000);
-  srv.wake_fd = wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd < 0) {
-    log_error("cannot start: %s", strerror(errno));
-    return 1;
-  }
   pthread_mutex_init(&srv.listen_lock, NULL);
-  srv.lanes = calloc(srv.nlanes, sizeof(*srv.lanes));
-  srv.group.r = calloc(srv.nlanes, sizeof(*srv.group.r));
-  srv.group.n = srv.nlanes;
-  if (!srv.lanes || !srv.group.r) {
-    log_error("out of memory");
-    return 1;
-  }
-  /* Each lane loads the script on this thread, before any lane runs: a
-   * script that fails anywhere stops start-up with one line. */
-  for (size_t i = 0; i < srv.nlanes; i++) {
-    char err[1024];
-    srv.lanes[i] = lx_lane_new(&srv, (int)i, err, sizeof(err));
-    if (!srv.lanes[i]) {
-      log_error("%s", err);
-      cleanup(&srv);
-      return 1;
-    }
-    srv.group.r[i] = srv.lanes[i]->r;
-  }
-  /* Until here a signal simply ends the process (a script stuck at top
-   * level can be interrupted); from now on it starts a shutdown. */
-  handle(SIGINT, on_stop_signal);
-  handle(SIGTERM, on_stop_signal);
-  defer_pool_t *pool = defer_pool_new(srv.nlanes, lane_thread, &srv);
-  if (!pool) {
-    log_error("cannot start %zu threads: %s", srv.nlanes, strerror(errno));
-    cleanup(&srv);
-    return 1;
-  }
-  log_info("started: %zu lane%s, script %s", srv.nlanes,
-           srv.nlanes == 1 ? "" : "s", srv.script);
-
-  int handled = 0;
-  while ((size_t)atomic_load(&srv.lanes_done) < srv.nlanes) {
-    struct pollfd p = {.fd = wake_fd, .events = POLLIN};
-    poll(&p, 1, 1000);
-    uint64_t v;
-    ssize_t r = read(wake_fd, &v, sizeof(v));
-    (void)r;
-    int seen = atomic_load(&signals_seen);
-    if (seen == handled) continue;
-    int sig = atomic_load(&last_signal);
-    log_info("%s: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
-             handled == 0 ? "shutting down gracefully" : "closing now");
-    for (size_t i = 0; i < srv.nlanes; i++)
-      reactor_shutdown(srv.lanes[i]->r, handled == 0 ? srv.grace_ms : 0);
-    handled = seen;
-  }
-  defer_pool_join(pool);
-  cleanup(&srv);
-  log_info("stopped");
-  return 0;
+  if (new_wake_fd(&srv)) return 1;
+  return srv.nworkers > 1 ? run_root(&srv) : run_lanes(&srv, -1);
 }

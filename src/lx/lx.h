@@ -72,12 +72,16 @@ struct lx_server {
   const char *script;
   int argc;   /* script arguments */
   char **argv;
-  size_t nlanes;
+  size_t nlanes;  /* lanes of this process (1 in the root) */
+  size_t threads; /* lanes per worker (-t) */
   lx_lane_t **lanes;
   reactor_group_t group;
   uint64_t grace_ms;
   pthread_mutex_t listen_lock;
   lx_shared_listener_t *listeners; /* guarded by listen_lock */
+  int nworkers;     /* worker processes (1: no fork) */
+  int worker_index; /* 1..nworkers in a worker; 0 in the root */
+  bool unlink_paths; /* this process removes Unix socket files at exit */
   _Atomic int lanes_done;          /* lanes whose loop has returned */
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
 };
@@ -87,6 +91,7 @@ struct lx_server {
 struct lx_lane {
   lx_server_t *srv;
   int index; /* 0-based; Lua sees index + 1 */
+  bool is_root; /* the root process's lane: runs the script, serves nothing */
   reactor_t *r;
   lua_State *L;
   lx_run_t *running;  /* the callback now running, or NULL */
@@ -95,7 +100,7 @@ struct lx_lane {
     int ref; /* registry anchor */
   } *idle;   /* coroutines ready for the next callback */
   int idle_n, idle_cap;
-  int start_ref, stop_ref; /* registry: lists of mp.on handlers */
+  int start_ref, stop_ref, worker_start_ref; /* lists of mp.on handlers */
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
@@ -107,7 +112,8 @@ struct lx_lane {
  * libraries and the moonport module, then runs the script's top level.
  * On failure returns NULL and puts one line (without "moonport: ") in
  * err. Main thread. */
-lx_lane_t *lx_lane_new(lx_server_t *srv, int index, char *err, size_t errlen);
+lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
+                       size_t errlen);
 /* Frees a lane whose loop has returned (or never ran). Main thread. */
 void lx_lane_free(lx_lane_t *ln);
 /* The lane thread's body: start handlers, the loop, done. */
@@ -183,8 +189,11 @@ void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index,
                       struct lx_service *svc);
 /* Releases this lane's hold on shared listeners of a closed service. */
 void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl);
-/* Closes every shared listener and unlinks Unix paths. Main thread, at
- * exit. */
+/* Closes every shared listener (and unlinks Unix paths when
+ * srv->unlink_paths). Main thread, at exit. */
 void lx_server_close_listeners(lx_server_t *srv);
+/* In a new worker process: the shared sockets are inherited, the root's
+ * claims on them are not. */
+void lx_server_after_fork(lx_server_t *srv);
 
 #endif

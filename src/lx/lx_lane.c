@@ -239,7 +239,8 @@ static void lx__set_args(lua_State *L, lx_server_t *srv) {
   lua_setglobal(L, "arg");
 }
 
-lx_lane_t *lx_lane_new(lx_server_t *srv, int index, char *err, size_t errlen) {
+lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
+                       size_t errlen) {
   lx_lane_t *ln = calloc(1, sizeof(*ln));
   if (!ln) {
     snprintf(err, errlen, "out of memory");
@@ -247,7 +248,8 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, char *err, size_t errlen) {
   }
   ln->srv = srv;
   ln->index = index;
-  ln->start_ref = ln->stop_ref = LUA_NOREF;
+  ln->is_root = is_root;
+  ln->start_ref = ln->stop_ref = ln->worker_start_ref = LUA_NOREF;
   ln->r = reactor_new(index);
   if (!ln->r) {
     snprintf(err, errlen, "cannot create an event loop: %s", strerror(errno));
@@ -268,6 +270,8 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, char *err, size_t errlen) {
   ln->start_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   ln->stop_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  ln->worker_start_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lx_conn_open(L, ln);
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "preload");
@@ -297,6 +301,7 @@ static void lx__stop_hook(reactor_t *r, void *arg) {
 
 static void lx__start(void *a, void *b) {
   lx_lane_t *ln = a;
+  if (!ln->is_root) lx_call_list(ln, ln->worker_start_ref, "worker_start handler");
   lx_call_list(ln, ln->start_ref, "start handler");
 }
 

@@ -68,9 +68,12 @@ static lx_shared_listener_t *lx__shared_acquire(lx_server_t *srv,
   return sl;
 }
 
+/* Set once before lanes run; read at exit. */
+static bool lx_unlink_paths = true;
+
 static void lx__shared_close(lx_shared_listener_t *sl) {
   close(sl->fd);
-  if (sl->path) unlink(sl->path);
+  if (sl->path && lx_unlink_paths) unlink(sl->path);
   free(sl->path);
   free(sl->key);
   free(sl->svc);
@@ -88,6 +91,15 @@ void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl) {
   if (*pp) *pp = sl->next;
   pthread_mutex_unlock(&srv->listen_lock);
   lx__shared_close(sl);
+}
+
+void lx_server_after_fork(lx_server_t *srv) {
+  pthread_mutex_init(&srv->listen_lock, NULL);
+  lx_unlink_paths = false; /* the socket files are the root's */
+  for (lx_shared_listener_t *sl = srv->listeners; sl; sl = sl->next) {
+    memset(sl->svc, 0, srv->nlanes * sizeof(*sl->svc));
+    sl->refs = 0;
+  }
 }
 
 void lx_server_close_listeners(lx_server_t *srv) {
@@ -216,11 +228,22 @@ static int lx_listen(lua_State *L) {
     return luaL_error(L, "cannot listen on %s: %s", desc,
                       lx_errmsg(err, buf, sizeof(buf)));
   }
+  svc->shared = sl;
+  if (ln->is_root) {
+    /* The root opens the sockets before it forks; workers serve them. */
+    svc->closed = true;
+    lx_listener_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
+    ud->svc = svc;
+    ud->port = path ? 0 : sock_local_port(sl->fd);
+    snprintf(ud->address, sizeof(ud->address), "%s", path ? path : host);
+    luaL_getmetatable(L, LX_LISTENER_MT);
+    lua_setmetatable(L, -2);
+    return 1;
+  }
   pthread_mutex_lock(&ln->srv->listen_lock);
   bool twice = sl->svc[ln->index] != NULL;
   if (!twice) sl->svc[ln->index] = svc;
   pthread_mutex_unlock(&ln->srv->listen_lock);
-  svc->shared = sl;
   if (twice) {
     lx_service_free(svc);
     return luaL_error(L, "cannot listen on %s: this lane listens there "
@@ -533,8 +556,11 @@ static int lx_on(lua_State *L) {
     list = ln->start_ref;
   else if (strcmp(name, "stop") == 0)
     list = ln->stop_ref;
+  else if (strcmp(name, "worker_start") == 0)
+    list = ln->worker_start_ref;
   else
-    return luaL_argerror(L, 1, "unknown event (known: start, stop)");
+    return luaL_argerror(L, 1,
+                         "unknown event (known: start, stop, worker_start)");
   lua_rawgeti(L, LUA_REGISTRYINDEX, list);
   lua_pushvalue(L, 2);
   lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
@@ -558,6 +584,21 @@ static int lx_lane(lua_State *L) {
   return 1;
 }
 
+static int lx_is_root(lua_State *L) {
+  lua_pushboolean(L, lx__ln(L)->is_root);
+  return 1;
+}
+
+static int lx_worker(lua_State *L) {
+  lua_pushinteger(L, lx__ln(L)->srv->worker_index);
+  return 1;
+}
+
+static int lx_workers(lua_State *L) {
+  lua_pushinteger(L, lx__ln(L)->srv->nworkers);
+  return 1;
+}
+
 static int lx_pid(lua_State *L) {
   lua_pushinteger(L, getpid());
   return 1;
@@ -575,6 +616,7 @@ static const luaL_Reg lx_functions[] = {
     {"every", lx_every},     {"defer", lx_defer},
     {"on", lx_on},           {"stop", lx_stop},       {"threads", lx_threads},
     {"lane", lx_lane},       {"pid", lx_pid},         {"now", lx_now},
+    {"is_root", lx_is_root}, {"worker", lx_worker},   {"workers", lx_workers},
     {NULL, NULL}};
 
 static const luaL_Reg lx_timer_methods[] = {

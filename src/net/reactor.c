@@ -14,7 +14,17 @@
 #include "net/poll.h"
 
 /* What an epoll event points at: the first member of each pollable. */
-enum { KIND_CONN = 1, KIND_LISTENER, KIND_MAILBOX, KIND_LINGER };
+enum { KIND_CONN = 1, KIND_LISTENER, KIND_MAILBOX, KIND_LINGER, KIND_WATCH };
+
+struct reactor_watch {
+  int kind; /* KIND_WATCH */
+  int fd;
+  bool closed; /* freed at the end of the loop iteration */
+  void (*fn)(void *arg);
+  void *arg;
+  reactor_t *r;
+  struct reactor_watch *next; /* on the reactor's list, or its closed list */
+};
 
 /* How long a closed socket is drained for the peer's EOF (see linger). */
 #define REACTOR_LINGER_MS 2000
@@ -108,6 +118,7 @@ struct reactor {
   listener_t *listeners;
   listener_t *closed_listeners; /* closed, freed after this iteration */
   linger_t *lingers;            /* closed sockets draining the peer */
+  reactor_watch_t *watches, *closed_watches;
   mp_timer_t sweep; /* idle timeouts, once a second */
   int refs;
   bool more_tasks;   /* a queue still had tasks after the last run */
@@ -668,7 +679,39 @@ void reactor_listener_close(listener_t *l) {
   r->closed_listeners = l;
 }
 
+reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *),
+                               void *arg) {
+  reactor_watch_t *w = calloc(1, sizeof(*w));
+  if (!w) return NULL;
+  *w = (reactor_watch_t){KIND_WATCH, fd, false, fn, arg, r, r->watches};
+  int rc = poll_add(r->poller, fd, w, POLL_READ);
+  if (rc) {
+    free(w);
+    errno = -rc;
+    return NULL;
+  }
+  r->watches = w;
+  return w;
+}
+
+void reactor_unwatch(reactor_watch_t *w) {
+  reactor_t *r = w->r;
+  if (w->closed) return;
+  w->closed = true;
+  poll_del(r->poller, w->fd);
+  reactor_watch_t **pp = &r->watches;
+  while (*pp && *pp != w) pp = &(*pp)->next;
+  if (*pp) *pp = w->next;
+  w->next = r->closed_watches;
+  r->closed_watches = w;
+}
+
 static void reactor__free_closed_listeners(reactor_t *r) {
+  while (r->closed_watches) {
+    reactor_watch_t *w = r->closed_watches;
+    r->closed_watches = w->next;
+    free(w);
+  }
   while (r->closed_listeners) {
     listener_t *l = r->closed_listeners;
     r->closed_listeners = l->next;
@@ -793,6 +836,7 @@ reactor_t *reactor_new(int index) {
 void reactor_free(reactor_t *r) {
   if (!r) return;
   while (r->listeners) reactor_listener_close(r->listeners);
+  while (r->watches) reactor_unwatch(r->watches);
   reactor__free_closed_listeners(r);
   /* Tasks still posted (connections handed over during the shutdown) see a
    * stopping reactor and close what they carry. */
@@ -866,6 +910,11 @@ static void reactor__event(reactor_t *r, poll_event_t *ev) {
   if (kind == KIND_MAILBOX) {
     defer_wake_clear(&r->mailbox);
     return; /* drained after the events */
+  }
+  if (kind == KIND_WATCH) {
+    reactor_watch_t *w = ev->ptr;
+    if (!w->closed) w->fn(w->arg);
+    return;
   }
   if (kind == KIND_LINGER) {
     linger_t *lg = ev->ptr;

@@ -110,6 +110,16 @@ bool reactor_stopping(const reactor_t *r);
  * use reactor_now for `now`). */
 timer_heap_t *reactor_timers(reactor_t *r);
 
+/* Calls fn(arg) on the reactor's thread whenever `fd` turns readable
+ * (level-triggered: fn must consume what made it readable). The reactor
+ * does not own or close fd. NULL and errno on failure. Reactor thread, or
+ * before the loop runs. */
+typedef struct reactor_watch reactor_watch_t;
+reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *arg),
+                               void *arg);
+/* Stops watching and frees the watch (safe from inside fn). */
+void reactor_unwatch(reactor_watch_t *w);
+
 /* ---- listeners ---- */
 
 /* Accepts connections from `fd` (non-blocking, may be shared with other
