@@ -15,6 +15,7 @@
 
 #include "core/defer.h"
 #include "cluster/cluster.h"
+#include "cluster/pubsub.h"
 #include "core/log.h"
 #include "lx/lx.h"
 #include "net/sock.h"
@@ -197,6 +198,8 @@ static void lane_thread(void *arg, size_t index) {
 
 static void cleanup(lx_server_t *srv) {
   for (size_t i = 0; i < srv->nlanes; i++) lx_lane_free(srv->lanes[i]);
+  pubsub_free(srv->ps);
+  srv->ps = NULL;
   lx_server_close_listeners(srv);
   free(srv->lanes);
   free(srv->group.r);
@@ -219,7 +222,9 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
   srv->lanes = calloc(srv->nlanes, sizeof(*srv->lanes));
   srv->group.r = calloc(srv->nlanes, sizeof(*srv->group.r));
   srv->group.n = srv->nlanes;
-  if (!srv->lanes || !srv->group.r) {
+  srv->ps = pubsub_new((int)srv->nlanes,
+                       lx_pubsub_deliver, srv);
+  if (!srv->lanes || !srv->group.r || !srv->ps) {
     log_error("out of memory");
     return 1;
   }
@@ -289,6 +294,7 @@ static int worker_main(int index, int ipc_fd, void *arg) {
   lx_server_t *srv = arg;
   srv->worker_index = index;
   srv->lanes = NULL; /* the root lane stays the root's */
+  srv->ps = NULL;
   srv->nlanes = srv->threads;
   atomic_store(&srv->lanes_done, 0);
   atomic_store(&signals_seen, 0);
@@ -323,9 +329,19 @@ static void root_wake(void *arg) {
  * them, and serves no connection itself. */
 static int run_root(lx_server_t *srv) {
   char err[1024];
-  lx_lane_t *root = lx_lane_new(srv, 0, true, err, sizeof(err));
+  /* The root lane's own post office (sink 0); messages between processes
+   * are not routed yet. */
+  srv->lanes = calloc(1, sizeof(*srv->lanes));
+  srv->ps = pubsub_new(1, lx_pubsub_deliver, srv);
+  if (!srv->lanes || !srv->ps) {
+    log_error("out of memory");
+    return 1;
+  }
+  lx_lane_t *root = srv->lanes[0] = lx_lane_new(srv, 0, true, err, sizeof(err));
   if (!root) {
     log_error("%s", err);
+    pubsub_free(srv->ps);
+    free(srv->lanes);
     lx_server_close_listeners(srv);
     return 1;
   }
@@ -338,6 +354,7 @@ static int run_root(lx_server_t *srv) {
     log_error("cannot start the workers: %s", strerror(-rc));
     cluster_free(c);
     lx_lane_free(root);
+    pubsub_free(srv->ps);
     lx_server_close_listeners(srv);
     return 1;
   }
@@ -349,6 +366,8 @@ static int run_root(lx_server_t *srv) {
   /* The loop ends once every worker is gone (cluster_stop). */
   cluster_free(c);
   lx_lane_free(root);
+  pubsub_free(srv->ps);
+  free(srv->lanes);
   lx_server_close_listeners(srv);
   free(srv->group.r);
   close(srv->wake_fd);

@@ -10,10 +10,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cluster/pubsub.h"
 #include "core/defer.h"
 #include "net/reactor.h"
 
 #define MOONPORT_VERSION "0.1.0"
+
+/* Pub/sub limits: a channel name, and one message (after JSON encoding). */
+#define LX_MAX_CHANNEL 4096
+#define LX_MAX_MESSAGE (8 << 20)
+
 
 typedef struct lx_server lx_server_t;
 typedef struct lx_lane lx_lane_t;
@@ -83,6 +89,7 @@ struct lx_server {
   int worker_index; /* 1..nworkers in a worker; 0 in the root */
   bool unlink_paths; /* this process removes Unix socket files at exit */
   _Atomic int lanes_done;          /* lanes whose loop has returned */
+  pubsub_t *ps; /* this process's post office: a sink per lane */
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
 };
 
@@ -101,6 +108,9 @@ struct lx_lane {
   } *idle;   /* coroutines ready for the next callback */
   int idle_n, idle_cap;
   int start_ref, stop_ref, worker_start_ref; /* lists of mp.on handlers */
+  int subs_ref, psubs_ref; /* { [channel or pattern] = { sub, ... } } */
+  int conn_subs_ref;       /* { [uuid] = { sub, ... } } */
+  bool closing;            /* being freed: posted tasks only clean up */
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
@@ -173,6 +183,20 @@ void lx_service_free(lx_service_t *s);
 void lx_conn_push(lua_State *L, lx_lane_t *ln, conn_t *c);
 /* Pushes a connection object that is already closed. */
 void lx_conn_push_closed(lua_State *L, lx_lane_t *ln);
+
+/* ---- lx_pubsub.c ---- */
+
+/* Adds subscribe and publish to the module table at the top of L. */
+void lx_pubsub_open(lua_State *L, lx_lane_t *ln);
+/* subscribe(channel, fn [, opts]) with arguments from stack index `base`,
+ * owned by connection uuid (0: none); pushes the subscription. */
+int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid);
+/* Cancels the subscriptions of a connection that closed. */
+void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid);
+/* Calls this lane's subscribers of message m. */
+void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m);
+/* The post office's delivery into lane `sink` of srv (a mailbox post). */
+void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *srv);
 
 /* ---- lx_moonport.c ---- */
 

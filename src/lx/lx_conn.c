@@ -218,6 +218,13 @@ static int lx_conn_timeout(lua_State *L) {
   return 1;
 }
 
+static int lx_conn_subscribe(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  conn_t *c = lx__conn(L, ln);
+  if (!c) return lx_push_fail(L, -EPIPE);
+  return lx_subscribe(L, ln, 2, reactor_conn_uuid(c));
+}
+
 static int lx_conn_tostring(lua_State *L) {
   lx_conn_ud_t *ud = luaL_checkudata(L, 1, LX_CONN_MT);
   lua_pushfstring(L, "moonport.conn(%f)", (lua_Number)ud->uuid);
@@ -230,7 +237,7 @@ static const luaL_Reg lx_conn_methods[] = {
     {"resume", lx_conn_resume},   {"peer", lx_conn_peer},
     {"id", lx_conn_id},           {"is_open", lx_conn_is_open},
     {"pending", lx_conn_pending}, {"timeout", lx_conn_timeout},
-    {NULL, NULL}};
+    {"subscribe", lx_conn_subscribe}, {NULL, NULL}};
 
 void lx_conn_open(lua_State *L, lx_lane_t *ln) {
   lua_pushlightuserdata(L, (void *)&lx_noenv_key);
@@ -310,6 +317,7 @@ static void lx_on_shutdown(conn_t *c) {
 static void lx__last(conn_t *c, int ref, const char *what, const char *arg) {
   lx_service_t *s = lx__svc(c);
   lx_lane_t *ln = s->ln;
+  lx_pubsub_conn_closed(ln, reactor_conn_uuid(c));
   if (ref != LUA_NOREF) {
     int co_ref;
     lua_State *co = lx_co_take(ln, &co_ref);

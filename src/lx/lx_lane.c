@@ -272,6 +272,12 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
   ln->stop_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   ln->worker_start_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  ln->subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  ln->psubs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  ln->conn_subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lx_conn_open(L, ln);
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "preload");
@@ -319,6 +325,7 @@ void lx_lane_run(lx_lane_t *ln) {
 
 void lx_lane_free(lx_lane_t *ln) {
   if (!ln) return;
+  ln->closing = true;
   /* Connections and write queues go first: their release callbacks still
    * use the Lua state. reactor_free frees the listeners too. */
   for (struct lx_service *s = ln->services; s; s = s->next) s->listener = NULL;

@@ -1,0 +1,65 @@
+/* pubsub: the post office of one process. It knows which sinks (the lanes
+ * of a worker, or in the root: the root lane and the workers) have
+ * subscribers for which channels and patterns, and hands each published
+ * message to the sinks that want it. Thread-safe. */
+#ifndef MP_PUBSUB_H
+#define MP_PUBSUB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A published message: channel and payload in one refcounted block, so one
+ * copy serves every sink. */
+typedef struct {
+  _Atomic uint32_t refs;
+  uint32_t flags; /* PUBSUB_JSON: the payload is a JSON-encoded table */
+  size_t clen, mlen;
+  char data[]; /* channel bytes, then message bytes (not NUL-terminated) */
+} pubsub_msg_t;
+
+#define PUBSUB_JSON 1u
+
+/* A new message with one reference, or NULL (ENOMEM). */
+pubsub_msg_t *pubsub_msg_new(const char *ch, size_t clen, const char *msg,
+                             size_t mlen, uint32_t flags);
+static inline const char *pubsub_msg_channel(const pubsub_msg_t *m) {
+  return m->data;
+}
+static inline const char *pubsub_msg_body(const pubsub_msg_t *m) {
+  return m->data + m->clen;
+}
+void pubsub_msg_ref(pubsub_msg_t *m);
+void pubsub_msg_unref(pubsub_msg_t *m);
+
+typedef struct pubsub pubsub_t;
+
+/* Called for each sink that has a matching subscriber, outside the lock;
+ * it borrows `m` (take a reference to keep it). */
+typedef void (*pubsub_deliver_fn)(int sink, pubsub_msg_t *m, void *arg);
+
+/* A post office for sinks 0..nsinks-1. NULL on ENOMEM. */
+pubsub_t *pubsub_new(int nsinks, pubsub_deliver_fn deliver, void *arg);
+void pubsub_free(pubsub_t *ps);
+
+/* Counts one more subscriber of `sink` for a channel (or a glob pattern).
+ * Returns 1 when it is the first in the whole post office, 0 otherwise,
+ * or -ENOMEM. */
+int pubsub_subscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
+                     bool pattern);
+/* Counts one subscriber less. Returns 1 when it was the last in the whole
+ * post office, 0 otherwise (also when there was none). */
+int pubsub_unsubscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
+                       bool pattern);
+/* Forgets every subscription of `sink` (a worker that died). */
+void pubsub_clear_sink(pubsub_t *ps, int sink);
+
+/* Hands `m` to every sink (but `except`, if >= 0) that has a subscriber
+ * whose channel is m's channel or whose pattern matches it. Returns how
+ * many sinks got it. */
+int pubsub_publish(pubsub_t *ps, pubsub_msg_t *m, int except);
+
+/* Whether `sink` has a subscriber for m's channel. */
+bool pubsub_wants(pubsub_t *ps, int sink, const pubsub_msg_t *m);
+
+#endif

@@ -1,0 +1,350 @@
+/* lx_pubsub: mp.subscribe, conn:subscribe, mp.publish and the delivery of
+ * messages into a lane's Lua callbacks. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/glob.h"
+#include "cluster/pubsub.h"
+#include "core/log.h"
+#include "lx/lx.h"
+
+#define LX_SUB_MT "moonport.subscription"
+
+/* A subscription. Lives as long as Lua holds it; `active` until cancelled
+ * (by sub:cancel(), or by its connection closing). */
+typedef struct {
+  lx_lane_t *ln;
+  int fn_ref;
+  bool pattern, active;
+  sock_uuid_t uuid; /* the connection it belongs to, or 0 */
+  size_t len;
+  char ch[];
+} lx_sub_t;
+
+static lx_lane_t *lx__ln(lua_State *L) {
+  return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* Pushes the lane's table of subscriber lists for exact channels or for
+ * patterns: { [channel] = { sub, sub, ... } }. */
+static void lx__lists(lua_State *L, lx_lane_t *ln, bool pattern) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, pattern ? ln->psubs_ref : ln->subs_ref);
+}
+
+static void lx__remove(lua_State *L, lx_sub_t *s, int sub_idx) {
+  lx__lists(L, s->ln, s->pattern);
+  lua_pushlstring(L, s->ch, s->len);
+  lua_rawget(L, -2);
+  if (lua_istable(L, -1)) {
+    int n = (int)lua_objlen(L, -1);
+    for (int i = 1; i <= n; i++) {
+      lua_rawgeti(L, -1, i);
+      bool hit = lua_rawequal(L, -1, sub_idx);
+      lua_pop(L, 1);
+      if (!hit) continue;
+      for (int j = i; j < n; j++) {
+        lua_rawgeti(L, -1, j + 1);
+        lua_rawseti(L, -2, j);
+      }
+      lua_pushnil(L);
+      lua_rawseti(L, -2, n);
+      if (n == 1) { /* the list is empty: drop it */
+        lua_pushlstring(L, s->ch, s->len);
+        lua_pushnil(L);
+        lua_rawset(L, -4);
+      }
+      break;
+    }
+  }
+  lua_pop(L, 2);
+}
+
+/* Cancels the subscription at stack index idx. */
+static void lx__cancel(lua_State *L, int idx) {
+  lx_sub_t *s = lua_touserdata(L, idx);
+  if (!s->active) return;
+  s->active = false;
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  lx__remove(L, s, idx);
+  luaL_unref(L, LUA_REGISTRYINDEX, s->fn_ref);
+  s->fn_ref = LUA_NOREF;
+  lx_lane_t *ln = s->ln;
+  if (ln->srv->ps) pubsub_unsubscribe(ln->srv->ps, ln->index, s->ch, s->len,
+                                      s->pattern);
+}
+
+static int lx_sub_cancel(lua_State *L) {
+  luaL_checkudata(L, 1, LX_SUB_MT);
+  lx__cancel(L, 1);
+  return 0;
+}
+
+static int lx_sub_active(lua_State *L) {
+  lx_sub_t *s = luaL_checkudata(L, 1, LX_SUB_MT);
+  lua_pushboolean(L, s->active);
+  return 1;
+}
+
+static int lx_sub_channel(lua_State *L) {
+  lx_sub_t *s = luaL_checkudata(L, 1, LX_SUB_MT);
+  lua_pushlstring(L, s->ch, s->len);
+  return 1;
+}
+
+/* subscribe(channel, fn [, { match = "glob" }]) for the lane, owned by
+ * connection `uuid` (0: none). Arguments start at `base`. */
+int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid) {
+  size_t len;
+  const char *ch = luaL_checklstring(L, base, &len);
+  luaL_checktype(L, base + 1, LUA_TFUNCTION);
+  bool pattern = false;
+  if (!lua_isnoneornil(L, base + 2)) {
+    luaL_checktype(L, base + 2, LUA_TTABLE);
+    lua_getfield(L, base + 2, "match");
+    const char *m = lua_tostring(L, -1);
+    if (m && strcmp(m, "glob") == 0)
+      pattern = true;
+    else if (m && strcmp(m, "exact") != 0)
+      return luaL_error(L, "subscribe: match must be \"exact\" or \"glob\"");
+    lua_pop(L, 1);
+  }
+  if (len > LX_MAX_CHANNEL)
+    return luaL_error(L, "subscribe: channel of %d bytes (the limit is %d)",
+                      (int)len, LX_MAX_CHANNEL);
+  int rc = pubsub_subscribe(ln->srv->ps, ln->index, ch, len, pattern);
+  if (rc < 0) return luaL_error(L, "subscribe: out of memory");
+  lx_sub_t *s = lua_newuserdata(L, sizeof(*s) + len);
+  int sub_idx = lua_gettop(L);
+  s->ln = ln;
+  s->pattern = pattern;
+  s->active = true;
+  s->uuid = uuid;
+  s->len = len;
+  memcpy(s->ch, ch, len);
+  lua_pushvalue(L, base + 1);
+  s->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  luaL_getmetatable(L, LX_SUB_MT);
+  lua_setmetatable(L, sub_idx);
+  /* lists[channel][#+1] = sub */
+  lx__lists(L, ln, pattern);
+  lua_pushlstring(L, ch, len);
+  lua_rawget(L, -2);
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushlstring(L, ch, len);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4);
+  }
+  lua_pushvalue(L, sub_idx);
+  lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
+  lua_pop(L, 2);
+  if (uuid) { /* conn_subs[uuid][#+1] = sub, cancelled at close */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ln->conn_subs_ref);
+    lua_pushnumber(L, (lua_Number)uuid);
+    lua_rawget(L, -2);
+    if (!lua_istable(L, -1)) {
+      lua_pop(L, 1);
+      lua_newtable(L);
+      lua_pushnumber(L, (lua_Number)uuid);
+      lua_pushvalue(L, -2);
+      lua_rawset(L, -4);
+    }
+    lua_pushvalue(L, sub_idx);
+    lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
+    lua_pop(L, 2);
+  }
+  lua_settop(L, sub_idx);
+  return 1;
+}
+
+void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid) {
+  lua_State *L = ln->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ln->conn_subs_ref);
+  lua_pushnumber(L, (lua_Number)uuid);
+  lua_rawget(L, -2);
+  if (lua_istable(L, -1)) {
+    int n = (int)lua_objlen(L, -1);
+    for (int i = 1; i <= n; i++) {
+      lua_rawgeti(L, -1, i);
+      lx__cancel(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pushnumber(L, (lua_Number)uuid);
+    lua_pushnil(L);
+    lua_rawset(L, -4);
+  }
+  lua_pop(L, 2);
+}
+
+static int lx_subscribe_fn(lua_State *L) {
+  return lx_subscribe(L, lx__ln(L), 1, 0);
+}
+
+/* ---- delivery ---- */
+
+/* Calls every active subscriber in list (at the top of L) with channel and
+ * message (at ch_idx and msg_idx). */
+static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx) {
+  lua_State *L = ln->L;
+  int list = lua_gettop(L);
+  int n = (int)lua_objlen(L, list);
+  /* Copy first: a callback may cancel (or add) subscriptions. */
+  lua_createtable(L, n, 0);
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, list, i);
+    lua_rawseti(L, -2, i);
+  }
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, i);
+    lx_sub_t *s = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (!s || !s->active) continue;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->fn_ref);
+    lua_pushvalue(L, ch_idx);
+    lua_pushvalue(L, msg_idx);
+    conn_t *c = s->uuid ? reactor_conn_find(ln->r, s->uuid) : NULL;
+    lx_call(ln, L, 2, c ? LX_CONN : LX_PLAIN, c, NULL, "subscriber");
+  }
+  lua_pop(L, 1);
+}
+
+void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
+  lua_State *L = ln->L;
+  int top = lua_gettop(L);
+  lua_pushlstring(L, pubsub_msg_channel(m), m->clen);
+  int ch_idx = lua_gettop(L);
+  if (m->flags & PUBSUB_JSON) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "cjson");
+    if (lua_pcall(L, 1, 1, 0) == 0) {
+      lua_getfield(L, -1, "decode");
+      lua_remove(L, -2);
+      lua_pushlstring(L, pubsub_msg_body(m), m->mlen);
+      if (lua_pcall(L, 1, 1, 0)) {
+        log_error("pub/sub: a JSON message on a channel cannot be decoded: %s",
+                  lua_tostring(L, -1));
+        lua_settop(L, top);
+        return;
+      }
+    } else {
+      log_error("pub/sub: %s", lua_tostring(L, -1));
+      lua_settop(L, top);
+      return;
+    }
+  } else {
+    lua_pushlstring(L, pubsub_msg_body(m), m->mlen);
+  }
+  int msg_idx = lua_gettop(L);
+  lx__lists(L, ln, false);
+  lua_pushvalue(L, ch_idx);
+  lua_rawget(L, -2);
+  if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx);
+  lua_pop(L, 2);
+  lx__lists(L, ln, true);
+  int pats = lua_gettop(L);
+  /* Matching patterns first, then calls: callbacks may change the table. */
+  lua_newtable(L);
+  int hits = lua_gettop(L), nhits = 0;
+  lua_pushnil(L);
+  while (lua_next(L, pats)) {
+    size_t plen;
+    const char *p = lua_tolstring(L, -2, &plen);
+    if (glob_match(p, plen, pubsub_msg_channel(m), m->clen))
+      lua_rawseti(L, hits, ++nhits);
+    else
+      lua_pop(L, 1);
+  }
+  for (int i = 1; i <= nhits; i++) {
+    lua_rawgeti(L, hits, i);
+    lx__call_list(ln, ch_idx, msg_idx);
+    lua_pop(L, 1);
+  }
+  lua_settop(L, top);
+}
+
+static void lx__deliver_task(void *a, void *b) {
+  lx_lane_t *ln = a;
+  pubsub_msg_t *m = b;
+  if (!ln->closing) lx_pubsub_dispatch(ln, m);
+  pubsub_msg_unref(m);
+}
+
+void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *arg) {
+  lx_server_t *srv = arg;
+  lx_lane_t *ln = srv->lanes[sink];
+  pubsub_msg_ref(m);
+  if (reactor_post(ln->r, lx__deliver_task, ln, m)) {
+    log_error("pub/sub: out of memory; a message to lane %d is lost",
+              sink + 1);
+    pubsub_msg_unref(m);
+  }
+}
+
+/* ---- publishing ---- */
+
+enum { SCOPE_CLUSTER, SCOPE_PROCESS, SCOPE_SIBLINGS, SCOPE_ROOT };
+
+static int lx_publish(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  size_t clen, mlen;
+  const char *ch = luaL_checklstring(L, 1, &clen);
+  uint32_t flags = 0;
+  if (lua_istable(L, 2)) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "cjson");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "encode");
+    lua_pushvalue(L, 2);
+    lua_call(L, 1, 1); /* raises on a table cjson can't encode */
+    lua_replace(L, 2);
+    lua_pop(L, 1);
+    flags |= PUBSUB_JSON;
+  }
+  const char *msg = luaL_checklstring(L, 2, &mlen);
+  int scope = SCOPE_CLUSTER;
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_getfield(L, 3, "scope");
+    static const char *const names[] = {"cluster", "process", "siblings",
+                                        "root", NULL};
+    scope = lua_isnil(L, -1) ? SCOPE_CLUSTER : luaL_checkoption(L, -1, NULL, names);
+    lua_pop(L, 1);
+  }
+  if (clen > LX_MAX_CHANNEL)
+    return luaL_error(L, "mp.publish: channel of %d bytes (the limit is %d)",
+                      (int)clen, LX_MAX_CHANNEL);
+  if (mlen > LX_MAX_MESSAGE)
+    return luaL_error(L, "mp.publish: message of %d bytes (the limit is %d)",
+                      (int)mlen, LX_MAX_MESSAGE);
+  /* One process (no workers): it is the whole cluster and its root too,
+   * and has no siblings. */
+  if (scope == SCOPE_SIBLINGS) return 0;
+  pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen, flags);
+  if (!m) return luaL_error(L, "mp.publish: out of memory");
+  pubsub_publish(ln->srv->ps, m, -1);
+  pubsub_msg_unref(m);
+  return 0;
+}
+
+static const luaL_Reg lx_sub_methods[] = {{"cancel", lx_sub_cancel},
+                                          {"active", lx_sub_active},
+                                          {"channel", lx_sub_channel},
+                                          {NULL, NULL}};
+
+void lx_pubsub_open(lua_State *L, lx_lane_t *ln) {
+  luaL_newmetatable(L, LX_SUB_MT);
+  lua_newtable(L);
+  luaL_setfuncs(L, lx_sub_methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pushliteral(L, LX_SUB_MT);
+  lua_setfield(L, -2, "__metatable");
+  lua_pop(L, 1);
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx_subscribe_fn, 1);
+  lua_setfield(L, -2, "subscribe");
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx_publish, 1);
+  lua_setfield(L, -2, "publish");
+}
