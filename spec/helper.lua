@@ -507,6 +507,12 @@ function Server:listens_on(port)
   return false
 end
 
+--- True if process `pid` (any process, e.g. a server's child) holds a
+--- socket listening on TCP `port`.
+function H.pid_listens_on(pid, port)
+  return Server.listens_on({ _pid = pid }, port)
+end
+
 --- Starts the moonport binary on a fixture script.
 --   script      fixture name ("echo.lua") or a path
 --   opts.args   script arguments (anything tostring-able)

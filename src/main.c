@@ -293,6 +293,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
 static int worker_main(int index, int ipc_fd, void *arg) {
   lx_server_t *srv = arg;
   srv->worker_index = index;
+  srv->root = false;
   srv->lanes = NULL; /* the root lane stays the root's */
   srv->ps = NULL;
   srv->nlanes = srv->threads;
@@ -329,6 +330,7 @@ static void root_wake(void *arg) {
  * them, and serves no connection itself. */
 static int run_root(lx_server_t *srv) {
   char err[1024];
+  srv->root = true;
   /* The root lane's own post office (sink 0); messages between processes
    * are not routed yet. */
   srv->lanes = calloc(1, sizeof(*srv->lanes));

@@ -68,6 +68,8 @@ typedef struct lx_shared_listener {
   char *key;  /* "tcp:ADDR:PORT" or "unix:PATH" */
   char *path; /* Unix path to unlink at exit, or NULL */
   int fd;
+  int *worker_fds; /* root with TCP: one SO_REUSEPORT socket per worker */
+  int nworker_fds;
   int refs;                  /* services using it, and hand-offs in flight */
   struct lx_service **svc;   /* per lane: its service here, or NULL */
   unsigned next_lane;        /* round robin for hand-offs */
@@ -87,7 +89,7 @@ struct lx_server {
   lx_shared_listener_t *listeners; /* guarded by listen_lock */
   int nworkers;     /* worker processes (1: no fork) */
   int worker_index; /* 1..nworkers in a worker; 0 in the root */
-  bool unlink_paths; /* this process removes Unix socket files at exit */
+  bool root;         /* this process is the root of several workers */
   _Atomic int lanes_done;          /* lanes whose loop has returned */
   pubsub_t *ps; /* this process's post office: a sink per lane */
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */

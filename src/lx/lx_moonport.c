@@ -34,9 +34,32 @@ static lx_shared_listener_t *lx__shared_acquire(lx_server_t *srv,
     pthread_mutex_unlock(&srv->listen_lock);
     return sl;
   }
+  /* A root with several workers opens one socket per worker on the same
+   * TCP port, so the kernel spreads connections over the workers (one
+   * shared socket would let the idlest process take them all). The root
+   * keeps them all open: a replaced worker takes over the same socket,
+   * and connections waiting in it are not lost. */
+  int nw = path || !srv->root ? 0 : srv->nworkers;
+  int *wfds = nw ? calloc((size_t)nw, sizeof(int)) : NULL;
+  if (nw && !wfds) {
+    pthread_mutex_unlock(&srv->listen_lock);
+    *err = -ENOMEM;
+    return NULL;
+  }
   int fd = path ? sock_listen_unix(path, backlog)
+           : nw ? sock_listen_tcp_shared(host, port, backlog)
                 : sock_listen_tcp(host, port, backlog);
+  for (int i = 0; i < nw && fd >= 0; i++) {
+    int p = sock_local_port(fd);
+    wfds[i] = i == 0 ? fd : sock_listen_tcp_shared(host, p, backlog);
+    if (wfds[i] < 0) {
+      int e = wfds[i];
+      for (int j = 0; j < i; j++) close(wfds[j]);
+      fd = e;
+    }
+  }
   if (fd < 0) {
+    free(wfds);
     pthread_mutex_unlock(&srv->listen_lock);
     *err = fd;
     return NULL;
@@ -61,6 +84,8 @@ static lx_shared_listener_t *lx__shared_acquire(lx_server_t *srv,
     return NULL;
   }
   sl->fd = fd;
+  sl->worker_fds = wfds;
+  sl->nworker_fds = nw;
   sl->refs = 1;
   sl->next = srv->listeners;
   srv->listeners = sl;
@@ -72,7 +97,13 @@ static lx_shared_listener_t *lx__shared_acquire(lx_server_t *srv,
 static bool lx_unlink_paths = true;
 
 static void lx__shared_close(lx_shared_listener_t *sl) {
-  close(sl->fd);
+  if (sl->nworker_fds) {
+    for (int i = 0; i < sl->nworker_fds; i++)
+      if (sl->worker_fds[i] >= 0) close(sl->worker_fds[i]);
+  } else {
+    close(sl->fd);
+  }
+  free(sl->worker_fds);
   if (sl->path && lx_unlink_paths) unlink(sl->path);
   free(sl->path);
   free(sl->key);
@@ -99,6 +130,14 @@ void lx_server_after_fork(lx_server_t *srv) {
   for (lx_shared_listener_t *sl = srv->listeners; sl; sl = sl->next) {
     memset(sl->svc, 0, srv->nlanes * sizeof(*sl->svc));
     sl->refs = 0;
+    if (!sl->nworker_fds) continue;
+    /* This worker's socket; the others are its siblings'. */
+    for (int i = 0; i < sl->nworker_fds; i++)
+      if (i != srv->worker_index - 1) close(sl->worker_fds[i]);
+    sl->fd = sl->worker_fds[srv->worker_index - 1];
+    free(sl->worker_fds);
+    sl->worker_fds = NULL;
+    sl->nworker_fds = 0;
   }
 }
 

@@ -160,17 +160,33 @@ static int sock__tcp(const char *host, int port, bool passive,
   return rc;
 }
 
+struct sock__listen_opts {
+  int backlog;
+  bool reuseport;
+};
+
 static int sock__try_listen(int fd, const struct addrinfo *p, void *arg) {
+  struct sock__listen_opts *o = arg;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, p->ai_addr, p->ai_addrlen) || listen(fd, *(int *)arg))
+  if (o->reuseport &&
+      setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)))
+    return -errno;
+  if (bind(fd, p->ai_addr, p->ai_addrlen) || listen(fd, o->backlog))
     return -errno;
   return 0;
 }
 
 int sock_listen_tcp(const char *host, int port, int backlog) {
+  struct sock__listen_opts o = {backlog, false};
   return sock__tcp(host && *host ? host : NULL, port, true, sock__try_listen,
-                   &backlog);
+                   &o);
+}
+
+int sock_listen_tcp_shared(const char *host, int port, int backlog) {
+  struct sock__listen_opts o = {backlog, true};
+  return sock__tcp(host && *host ? host : NULL, port, true, sock__try_listen,
+                   &o);
 }
 
 static int sock__unix_addr(const char *path, struct sockaddr_un *sa) {

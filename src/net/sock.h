@@ -56,6 +56,9 @@ void *sock_uuid_udata(sock_uuid_t uuid, int owner);
 
 /* TCP listener on host:port ("0.0.0.0", "::", "localhost", ...). */
 int sock_listen_tcp(const char *host, int port, int backlog);
+/* The same with SO_REUSEPORT: several such sockets share one port and the
+ * kernel spreads new connections over them. */
+int sock_listen_tcp_shared(const char *host, int port, int backlog);
 /* Unix listener at `path`. A stale socket file (nobody accepts on it) is
  * replaced; a live one gives -EADDRINUSE. */
 int sock_listen_unix(const char *path, int backlog);
