@@ -200,6 +200,7 @@ static void cleanup(lx_server_t *srv) {
   for (size_t i = 0; i < srv->nlanes; i++) lx_lane_free(srv->lanes[i]);
   pubsub_free(srv->ps);
   srv->ps = NULL;
+  ipc_reader_deinit(&srv->ipc_reader);
   lx_server_close_listeners(srv);
   free(srv->lanes);
   free(srv->group.r);
@@ -263,11 +264,21 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     uint64_t v;
     ssize_t r = read(wake_fd, &v, sizeof(v));
     (void)r;
+    /* Frames from the root; EOF means it is gone. */
+    bool eof = false;
+    while (ipc_fd >= 0 && p[1].revents) {
+      char buf[65536];
+      ssize_t n = recv(ipc_fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) {
+        lx_ipc_feed(srv, buf, (size_t)n);
+        continue;
+      }
+      eof = n == 0 || (errno != EAGAIN && errno != EINTR);
+      break;
+    }
     /* The root is gone (killed outright, say): nobody will tell us to
      * stop, and nobody replaces us; close soon. */
-    if (!orphan && (atomic_load(&root_gone) ||
-                    (ipc_fd >= 0 && p[1].revents &&
-                     recv(ipc_fd, &v, sizeof(v), MSG_DONTWAIT) == 0))) {
+    if (!orphan && (atomic_load(&root_gone) || eof)) {
       orphan = true;
       log_warn("the root process is gone; worker %d stops", srv->worker_index);
       uint64_t grace = srv->grace_ms < 1000 ? srv->grace_ms : 1000;
@@ -296,6 +307,10 @@ static int worker_main(int index, int ipc_fd, void *arg) {
   srv->root = false;
   srv->lanes = NULL; /* the root lane stays the root's */
   srv->ps = NULL;
+  srv->peers = NULL;
+  srv->ipc_fd = ipc_fd;
+  pthread_mutex_init(&srv->ipc_lock, NULL);
+  ipc_reader_init(&srv->ipc_reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
   srv->nlanes = srv->threads;
   atomic_store(&srv->lanes_done, 0);
   atomic_store(&signals_seen, 0);
@@ -334,8 +349,8 @@ static int run_root(lx_server_t *srv) {
   /* The root lane's own post office (sink 0); messages between processes
    * are not routed yet. */
   srv->lanes = calloc(1, sizeof(*srv->lanes));
-  srv->ps = pubsub_new(1, lx_pubsub_deliver, srv);
-  if (!srv->lanes || !srv->ps) {
+  srv->ps = pubsub_new(1 + srv->nworkers, lx_root_deliver, srv);
+  if (!srv->lanes || !srv->ps || !lx_ipc_new_peers(srv)) {
     log_error("out of memory");
     return 1;
   }
@@ -348,8 +363,9 @@ static int run_root(lx_server_t *srv) {
     return 1;
   }
   handle(SIGCHLD, on_child);
+  cluster_hooks_t hooks = {lx_ipc_worker_started, lx_ipc_worker_exited};
   cluster_t *c = cluster_new(root->r, srv->nworkers, srv->grace_ms,
-                             worker_main, srv);
+                             worker_main, hooks, srv);
   reactor_watch_t *w = c ? reactor_watch(root->r, wake_fd, root_wake, c) : NULL;
   int rc = w ? cluster_start(c) : -ENOMEM;
   if (rc) {
@@ -369,6 +385,7 @@ static int run_root(lx_server_t *srv) {
   cluster_free(c);
   lx_lane_free(root);
   pubsub_free(srv->ps);
+  lx_ipc_free_peers(srv);
   free(srv->lanes);
   lx_server_close_listeners(srv);
   free(srv->group.r);
@@ -401,6 +418,7 @@ int main(int argc, char **argv) {
   srv.worker_index = srv.nworkers == 1 ? 1 : 0;
   srv.grace_ms = (uint64_t)(o.grace * 1000);
   pthread_mutex_init(&srv.listen_lock, NULL);
+  srv.ipc_fd = -1;
   if (new_wake_fd(&srv)) return 1;
   return srv.nworkers > 1 ? run_root(&srv) : run_lanes(&srv, -1);
 }

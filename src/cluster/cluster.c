@@ -22,7 +22,8 @@
 
 typedef struct {
   pid_t pid;      /* 0 when not running */
-  int ipc;        /* the root's end of the socketpair, or -1 */
+  int ipc;        /* the root's end of the socketpair (owned by the hooks'
+                     side; a new child closes its copy), or -1 */
   uint64_t since; /* when it was started */
   mp_timer_t respawn;
   cluster_t *c;
@@ -35,6 +36,7 @@ struct cluster {
   int n;
   uint64_t grace_ms;
   cluster_worker_fn worker;
+  cluster_hooks_t hooks;
   void *arg;
   pid_t root_pid;
   bool stopping;
@@ -44,7 +46,8 @@ struct cluster {
 };
 
 cluster_t *cluster_new(reactor_t *root, int n, uint64_t grace_ms,
-                       cluster_worker_fn worker, void *arg) {
+                       cluster_worker_fn worker, cluster_hooks_t hooks,
+                       void *arg) {
   cluster_t *c = calloc(1, sizeof(*c));
   if (!c) return NULL;
   c->slots = calloc((size_t)n, sizeof(*c->slots));
@@ -56,6 +59,7 @@ cluster_t *cluster_new(reactor_t *root, int n, uint64_t grace_ms,
   c->n = n;
   c->grace_ms = grace_ms;
   c->worker = worker;
+  c->hooks = hooks;
   c->arg = arg;
   c->root_pid = getpid();
   timer_init(&c->kill_timer);
@@ -68,8 +72,6 @@ cluster_t *cluster_new(reactor_t *root, int n, uint64_t grace_ms,
 
 void cluster_free(cluster_t *c) {
   if (!c) return;
-  for (int i = 0; i < c->n; i++)
-    if (c->slots[i].ipc >= 0) close(c->slots[i].ipc);
   free(c->slots);
   free(c);
 }
@@ -109,11 +111,11 @@ static int cluster__fork(cluster_slot_t *s) {
     cluster__child(c, s, sv[1]);
   }
   close(sv[1]);
-  if (s->ipc >= 0) close(s->ipc);
   s->ipc = sv[0];
   s->pid = pid;
   s->since = reactor_now(c->root);
   log_info("worker %d started (pid %d)", s->index, (int)pid);
+  if (c->hooks.started) c->hooks.started(s->index, sv[0], c->arg);
   return 0;
 }
 
@@ -150,6 +152,8 @@ void cluster_reap(cluster_t *c) {
       if (c->slots[i].pid == pid) s = &c->slots[i];
     if (!s) continue; /* a process the script started */
     s->pid = 0;
+    s->ipc = -1; /* its owner closes it */
+    if (c->hooks.exited) c->hooks.exited(s->index, c->arg);
     char how[64];
     if (WIFSIGNALED(status))
       snprintf(how, sizeof(how), "was killed by signal %d", WTERMSIG(status));

@@ -17,10 +17,18 @@ typedef struct cluster cluster_t;
  * process's exit status. */
 typedef int (*cluster_worker_fn)(int index, int ipc_fd, void *arg);
 
+/* In the root: worker `index` started, and `ipc_fd` is the root's end of
+ * its socketpair (the callee owns it from now on); or it exited. */
+typedef struct {
+  void (*started)(int index, int ipc_fd, void *arg);
+  void (*exited)(int index, void *arg);
+} cluster_hooks_t;
+
 /* A cluster of `n` workers supervised from reactor `root`. NULL and errno
  * on failure. Root thread. */
 cluster_t *cluster_new(reactor_t *root, int n, uint64_t grace_ms,
-                       cluster_worker_fn worker, void *arg);
+                       cluster_worker_fn worker, cluster_hooks_t hooks,
+                       void *arg);
 void cluster_free(cluster_t *c);
 
 /* Forks every worker. Returns 0 or a negative errno (workers already

@@ -213,7 +213,7 @@ static void pubsub__match(pubsub_t *ps, const pubsub_msg_t *m, bool *want) {
   }
 }
 
-int pubsub_publish(pubsub_t *ps, pubsub_msg_t *m, int except) {
+int pubsub_publish(pubsub_t *ps, pubsub_msg_t *m, int except1, int except2) {
   bool stack[64], *want = ps->nsinks <= 64 ? stack : calloc((size_t)ps->nsinks, 1);
   if (!want) return 0;
   memset(want, 0, (size_t)ps->nsinks);
@@ -222,7 +222,7 @@ int pubsub_publish(pubsub_t *ps, pubsub_msg_t *m, int except) {
   pthread_mutex_unlock(&ps->lock);
   int n = 0;
   for (int i = 0; i < ps->nsinks; i++) {
-    if (!want[i] || i == except) continue;
+    if (!want[i] || i == except1 || i == except2) continue;
     ps->deliver(i, m, ps->arg);
     n++;
   }

@@ -54,10 +54,10 @@ int pubsub_unsubscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
 /* Forgets every subscription of `sink` (a worker that died). */
 void pubsub_clear_sink(pubsub_t *ps, int sink);
 
-/* Hands `m` to every sink (but `except`, if >= 0) that has a subscriber
- * whose channel is m's channel or whose pattern matches it. Returns how
- * many sinks got it. */
-int pubsub_publish(pubsub_t *ps, pubsub_msg_t *m, int except);
+/* Hands `m` to every sink (but `except1` and `except2`; -1 for none) that
+ * has a subscriber whose channel is m's channel or whose pattern matches
+ * it. Returns how many sinks got it. */
+int pubsub_publish(pubsub_t *ps, pubsub_msg_t *m, int except1, int except2);
 
 /* Whether `sink` has a subscriber for m's channel. */
 bool pubsub_wants(pubsub_t *ps, int sink, const pubsub_msg_t *m);

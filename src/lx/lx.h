@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cluster/ipc.h"
 #include "cluster/pubsub.h"
 #include "core/defer.h"
 #include "net/reactor.h"
@@ -91,7 +92,12 @@ struct lx_server {
   int worker_index; /* 1..nworkers in a worker; 0 in the root */
   bool root;         /* this process is the root of several workers */
   _Atomic int lanes_done;          /* lanes whose loop has returned */
-  pubsub_t *ps; /* this process's post office: a sink per lane */
+  pubsub_t *ps; /* this process's post office: a sink per lane (in the
+                   root: sink 0 its lane, sink i worker i) */
+  int ipc_fd;                /* a worker's socketpair end to the root, or -1 */
+  pthread_mutex_t ipc_lock;  /* a worker's frames to the root, one at a time */
+  ipc_reader_t ipc_reader;   /* a worker's frames from the root (main thread) */
+  struct lx_peer *peers;     /* the root's view of workers 1..nworkers */
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
 };
 
@@ -199,6 +205,16 @@ void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid);
 void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m);
 /* The post office's delivery into lane `sink` of srv (a mailbox post). */
 void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *srv);
+
+/* Messages between processes. In a worker: feed bytes read from the root
+ * (main thread). In the root: the post office's delivery (sink 0 is the
+ * root lane, others are workers), and the cluster's start/exit hooks. */
+void lx_ipc_feed(lx_server_t *srv, const char *data, size_t len);
+void lx_root_deliver(int sink, pubsub_msg_t *m, void *srv);
+void lx_ipc_worker_started(int index, int ipc_fd, void *srv);
+void lx_ipc_worker_exited(int index, void *srv);
+struct lx_peer *lx_ipc_new_peers(lx_server_t *srv);
+void lx_ipc_free_peers(lx_server_t *srv);
 
 /* ---- lx_moonport.c ---- */
 

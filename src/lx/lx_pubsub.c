@@ -1,8 +1,11 @@
 /* lx_pubsub: mp.subscribe, conn:subscribe, mp.publish and the delivery of
  * messages into a lane's Lua callbacks. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "cluster/glob.h"
 #include "cluster/pubsub.h"
@@ -24,6 +27,52 @@ typedef struct {
 
 static lx_lane_t *lx__ln(lua_State *L) {
   return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* ---- to the root (workers) ---- */
+
+/* Writes one frame to the root. ipc_lock held. Blocking: the root always
+ * reads (it queues towards workers instead of blocking). */
+static int lx__ipc_send_locked(lx_server_t *srv, int type, unsigned flags,
+                               const char *ch, size_t clen, const char *msg,
+                               size_t mlen) {
+  char hdr[IPC_HEADER];
+  ipc_header(hdr, type, flags, clen, mlen);
+  struct iovec iov[3] = {{hdr, IPC_HEADER}, {(void *)ch, clen},
+                         {(void *)msg, mlen}};
+  int cnt = 3, i = 0;
+  while (i < cnt) {
+    ssize_t n = writev(srv->ipc_fd, iov + i, cnt - i);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    while (i < cnt && (size_t)n >= iov[i].iov_len) n -= (ssize_t)iov[i++].iov_len;
+    if (i < cnt) {
+      iov[i].iov_base = (char *)iov[i].iov_base + n;
+      iov[i].iov_len -= (size_t)n;
+    }
+  }
+  return 0;
+}
+
+/* pubsub_subscribe / _unsubscribe, telling the root about a first or last
+ * subscriber; the lock keeps those notices in the order of the counts. */
+static int lx__count(lx_lane_t *ln, const char *ch, size_t len, bool pattern,
+                     bool add) {
+  lx_server_t *srv = ln->srv;
+  bool ipc = srv->ipc_fd >= 0;
+  if (ipc) pthread_mutex_lock(&srv->ipc_lock);
+  int rc = add ? pubsub_subscribe(srv->ps, ln->index, ch, len, pattern)
+               : pubsub_unsubscribe(srv->ps, ln->index, ch, len, pattern);
+  if (ipc && rc == 1) {
+    int type = add ? (pattern ? IPC_PSUB : IPC_SUB)
+                   : (pattern ? IPC_PUNSUB : IPC_UNSUB);
+    if (lx__ipc_send_locked(srv, type, 0, ch, len, NULL, 0))
+      log_error("pub/sub: cannot reach the root process: %s", strerror(errno));
+  }
+  if (ipc) pthread_mutex_unlock(&srv->ipc_lock);
+  return rc;
 }
 
 /* Pushes the lane's table of subscriber lists for exact channels or for
@@ -69,9 +118,7 @@ static void lx__cancel(lua_State *L, int idx) {
   lx__remove(L, s, idx);
   luaL_unref(L, LUA_REGISTRYINDEX, s->fn_ref);
   s->fn_ref = LUA_NOREF;
-  lx_lane_t *ln = s->ln;
-  if (ln->srv->ps) pubsub_unsubscribe(ln->srv->ps, ln->index, s->ch, s->len,
-                                      s->pattern);
+  if (s->ln->srv->ps) lx__count(s->ln, s->ch, s->len, s->pattern, false);
 }
 
 static int lx_sub_cancel(lua_State *L) {
@@ -112,7 +159,7 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid) {
   if (len > LX_MAX_CHANNEL)
     return luaL_error(L, "subscribe: channel of %d bytes (the limit is %d)",
                       (int)len, LX_MAX_CHANNEL);
-  int rc = pubsub_subscribe(ln->srv->ps, ln->index, ch, len, pattern);
+  int rc = lx__count(ln, ch, len, pattern, true);
   if (rc < 0) return luaL_error(L, "subscribe: out of memory");
   lx_sub_t *s = lua_newuserdata(L, sizeof(*s) + len);
   int sub_idx = lua_gettop(L);
@@ -318,12 +365,31 @@ static int lx_publish(lua_State *L) {
   if (mlen > LX_MAX_MESSAGE)
     return luaL_error(L, "mp.publish: message of %d bytes (the limit is %d)",
                       (int)mlen, LX_MAX_MESSAGE);
-  /* One process (no workers): it is the whole cluster and its root too,
-   * and has no siblings. */
-  if (scope == SCOPE_SIBLINGS) return 0;
+  lx_server_t *srv = ln->srv;
+  if (srv->ipc_fd >= 0) {
+    /* A worker: its own subscribers directly (in order, no round trip),
+     * the others through the root. */
+    if (scope != SCOPE_PROCESS) {
+      pthread_mutex_lock(&srv->ipc_lock);
+      int rc = lx__ipc_send_locked(srv, IPC_PUBLISH,
+                                   (unsigned)scope |
+                                       (flags & PUBSUB_JSON ? IPC_JSON : 0),
+                                   ch, clen, msg, mlen);
+      pthread_mutex_unlock(&srv->ipc_lock);
+      if (rc) return lx_push_fail(L, rc);
+    }
+    if (scope != SCOPE_CLUSTER && scope != SCOPE_PROCESS) return 0;
+  } else if (!srv->root && scope == SCOPE_SIBLINGS) {
+    return 0; /* one process: the whole cluster and its root; no siblings */
+  }
   pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen, flags);
   if (!m) return luaL_error(L, "mp.publish: out of memory");
-  pubsub_publish(ln->srv->ps, m, -1);
+  if (!srv->root || scope == SCOPE_CLUSTER)
+    pubsub_publish(srv->ps, m, -1, -1);
+  else if (scope == SCOPE_SIBLINGS) /* from the root: every worker */
+    pubsub_publish(srv->ps, m, 0, -1);
+  else if (pubsub_wants(srv->ps, 0, m)) /* process or root: the root lane */
+    lx_pubsub_deliver(0, m, srv);
   pubsub_msg_unref(m);
   return 0;
 }
@@ -347,4 +413,157 @@ void lx_pubsub_open(lua_State *L, lx_lane_t *ln) {
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_publish, 1);
   lua_setfield(L, -2, "publish");
+}
+
+/* ---- between processes ---- */
+
+/* A worker's frames from the root. */
+static void lx__from_root(int type, unsigned flags, const char *ch,
+                          size_t clen, const char *msg, size_t mlen,
+                          void *arg) {
+  lx_server_t *srv = arg;
+  if (type != IPC_DELIVER) return;
+  pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
+                                   flags & IPC_JSON ? PUBSUB_JSON : 0);
+  if (!m) {
+    log_error("pub/sub: out of memory; a message is lost");
+    return;
+  }
+  pubsub_publish(srv->ps, m, -1, -1);
+  pubsub_msg_unref(m);
+}
+
+static void lx__oversize(size_t body, size_t limit, void *arg) {
+  log_error("pub/sub: refused a frame of %zu bytes from another process "
+            "(the limit is %zu)", body, limit);
+}
+
+void lx_ipc_feed(lx_server_t *srv, const char *data, size_t len) {
+  if (ipc_reader_feed(&srv->ipc_reader, data, len, lx__from_root,
+                      lx__oversize, srv))
+    log_error("pub/sub: out of memory reading from the root; a frame is lost");
+}
+
+/* The root's side of one worker's socketpair. */
+typedef struct lx_peer {
+  lx_server_t *srv;
+  int index;
+  sock_uuid_t uuid; /* its connection in the root's reactor, or 0 */
+  ipc_reader_t reader;
+} lx_peer_t;
+
+static void lx__root_frame(int type, unsigned flags, const char *ch,
+                           size_t clen, const char *msg, size_t mlen,
+                           void *arg) {
+  lx_peer_t *p = arg;
+  lx_server_t *srv = p->srv;
+  switch (type) {
+  case IPC_SUB:
+  case IPC_PSUB:
+    pubsub_subscribe(srv->ps, p->index, ch, clen, type == IPC_PSUB);
+    return;
+  case IPC_UNSUB:
+  case IPC_PUNSUB:
+    pubsub_unsubscribe(srv->ps, p->index, ch, clen, type == IPC_PUNSUB);
+    return;
+  case IPC_PUBLISH: break;
+  default: return;
+  }
+  pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
+                                   flags & IPC_JSON ? PUBSUB_JSON : 0);
+  if (!m) {
+    log_error("pub/sub: out of memory; a message is lost");
+    return;
+  }
+  unsigned scope = flags & IPC_SCOPE_MASK;
+  if (scope == SCOPE_CLUSTER) /* the publisher delivered its own */
+    pubsub_publish(srv->ps, m, p->index, -1);
+  else if (scope == SCOPE_SIBLINGS)
+    pubsub_publish(srv->ps, m, p->index, 0);
+  else if (scope == SCOPE_ROOT && pubsub_wants(srv->ps, 0, m))
+    lx_pubsub_deliver(0, m, srv);
+  pubsub_msg_unref(m);
+}
+
+static void lx__peer_open(conn_t *c) {
+  lx_peer_t *p = reactor_conn_service(c);
+  p->uuid = reactor_conn_uuid(c);
+}
+
+static void lx__peer_data(conn_t *c, const char *data, size_t len) {
+  lx_peer_t *p = reactor_conn_service(c);
+  if (ipc_reader_feed(&p->reader, data, len, lx__root_frame, lx__oversize, p))
+    log_error("pub/sub: out of memory reading from worker %d; a frame is "
+              "lost", p->index);
+}
+
+static void lx__peer_close(conn_t *c, int reason) {
+  lx_peer_t *p = reactor_conn_service(c);
+  if (p->uuid == reactor_conn_uuid(c)) p->uuid = 0;
+}
+
+static const proto_t lx_peer_proto = {.on_open = lx__peer_open,
+                                      .on_data = lx__peer_data,
+                                      .on_close = lx__peer_close};
+
+static void lx__release_msg(void *m, void *unused) { pubsub_msg_unref(m); }
+
+void lx_root_deliver(int sink, pubsub_msg_t *m, void *arg) {
+  lx_server_t *srv = arg;
+  if (sink == 0) {
+    lx_pubsub_deliver(0, m, srv);
+    return;
+  }
+  lx_peer_t *p = &srv->peers[sink];
+  conn_t *c = p->uuid ? reactor_conn_find(srv->lanes[0]->r, p->uuid) : NULL;
+  if (!c) return; /* between a worker's death and its replacement */
+  char hdr[IPC_HEADER + LX_MAX_CHANNEL];
+  ipc_header(hdr, IPC_DELIVER, m->flags & PUBSUB_JSON ? IPC_JSON : 0, m->clen,
+             m->mlen);
+  memcpy(hdr + IPC_HEADER, pubsub_msg_channel(m), m->clen);
+  int rc = reactor_conn_write(c, hdr, IPC_HEADER + m->clen);
+  if (rc == 0 && m->mlen) {
+    pubsub_msg_ref(m);
+    rc = reactor_conn_write_ref(c, pubsub_msg_body(m), m->mlen,
+                                lx__release_msg, m, NULL);
+  }
+  if (rc == -ENOBUFS) {
+    /* Half a frame would corrupt the stream: the worker is too far behind
+     * to be told anything more, so it is cut off and replaced. */
+    log_error("pub/sub: worker %d is not keeping up (%zu bytes queued); "
+              "closing its link", sink, reactor_conn_pending(c));
+    reactor_conn_force_close(c, CONN_ERROR);
+  }
+}
+
+void lx_ipc_worker_started(int index, int fd, void *arg) {
+  lx_server_t *srv = arg;
+  lx_peer_t *p = &srv->peers[index];
+  p->srv = srv;
+  p->index = index;
+  p->uuid = 0;
+  ipc_reader_deinit(&p->reader);
+  ipc_reader_init(&p->reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  conn_opts_t opts = {.timeout_ms = 0,
+                      .write_limit = (size_t)64 << 20,
+                      .max_queue = (size_t)256 << 20};
+  reactor_adopt(srv->lanes[0]->r, fd, &lx_peer_proto, p, opts);
+}
+
+void lx_ipc_worker_exited(int index, void *arg) {
+  lx_server_t *srv = arg;
+  pubsub_clear_sink(srv->ps, index);
+}
+
+void lx_ipc_free_peers(lx_server_t *srv) {
+  if (!srv->peers) return;
+  for (int i = 0; i <= srv->nworkers; i++) ipc_reader_deinit(&srv->peers[i].reader);
+  free(srv->peers);
+  srv->peers = NULL;
+}
+
+lx_peer_t *lx_ipc_new_peers(lx_server_t *srv) {
+  srv->peers = calloc((size_t)srv->nworkers + 1, sizeof(*srv->peers));
+  return srv->peers;
 }
