@@ -220,6 +220,18 @@ typedef struct {
   char address[128];
 } lx_listener_ud_t;
 
+/* Pushes the listener object of a service; tcp_fd < 0 for Unix. */
+static lx_listener_ud_t *lx__push_listener(lua_State *L, lx_service_t *svc,
+                                           const char *address, int tcp_fd) {
+  lx_listener_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
+  ud->svc = svc;
+  ud->port = tcp_fd >= 0 ? sock_local_port(tcp_fd) : 0;
+  snprintf(ud->address, sizeof(ud->address), "%s", address);
+  luaL_getmetatable(L, LX_LISTENER_MT);
+  lua_setmetatable(L, -2);
+  return ud;
+}
+
 static int lx_listen(lua_State *L) {
   lx_lane_t *ln = lx__ln(L);
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -271,12 +283,7 @@ static int lx_listen(lua_State *L) {
   if (ln->is_root) {
     /* The root opens the sockets before it forks; workers serve them. */
     svc->closed = true;
-    lx_listener_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
-    ud->svc = svc;
-    ud->port = path ? 0 : sock_local_port(sl->fd);
-    snprintf(ud->address, sizeof(ud->address), "%s", path ? path : host);
-    luaL_getmetatable(L, LX_LISTENER_MT);
-    lua_setmetatable(L, -2);
+    lx__push_listener(L, svc, path ? path : host, path ? -1 : sl->fd);
     return 1;
   }
   pthread_mutex_lock(&ln->srv->listen_lock);
@@ -296,12 +303,8 @@ static int lx_listen(lua_State *L) {
   }
   if (ln->srv->nlanes > 1)
     reactor_listener_set_dispatch(svc->listener, lx__dispatch, svc);
-  lx_listener_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
-  ud->svc = svc;
-  ud->port = path ? 0 : sock_local_port(sl->fd);
-  snprintf(ud->address, sizeof(ud->address), "%s", path ? path : host);
-  luaL_getmetatable(L, LX_LISTENER_MT);
-  lua_setmetatable(L, -2);
+  lx_listener_ud_t *ud =
+      lx__push_listener(L, svc, path ? path : host, path ? -1 : sl->fd);
   if (ln->index == 0 && path)
     log_info("listening on %s", desc);
   else if (ln->index == 0)
