@@ -231,6 +231,50 @@ static int lx_subscribe_fn(lua_State *L) {
 
 /* ---- delivery ---- */
 
+/* A delivery to a connection whose callback runs or waits: it waits its
+ * turn as one of the connection's callbacks. */
+typedef struct {
+  lx_lane_t *ln;
+  int ref; /* registry: { fn, channel, message } */
+} lx_later_t;
+
+static void lx__later_run(conn_t *c, void *arg) {
+  lx_later_t *t = arg;
+  lx_lane_t *ln = t->ln;
+  lua_State *L = ln->L;
+  if (c && !ln->closing) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->ref);
+    for (int i = 1; i <= 3; i++) lua_rawgeti(L, -i, i);
+    lua_remove(L, -4);
+    lx_call(ln, L, 2, LX_CONN, c, NULL, "subscriber");
+  }
+  luaL_unref(L, LUA_REGISTRYINDEX, t->ref);
+  free(t);
+}
+
+static void lx__conn_later(lx_lane_t *ln, conn_t *c, int fn_ref, int ch_idx,
+                           int msg_idx) {
+  lua_State *L = ln->L;
+  lx_later_t *t = malloc(sizeof(*t));
+  if (!t) {
+    log_error("pub/sub: out of memory; a message to a connection is lost");
+    return;
+  }
+  lua_createtable(L, 3, 0);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
+  lua_rawseti(L, -2, 1);
+  lua_pushvalue(L, ch_idx);
+  lua_rawseti(L, -2, 2);
+  lua_pushvalue(L, msg_idx);
+  lua_rawseti(L, -2, 3);
+  *t = (lx_later_t){ln, luaL_ref(L, LUA_REGISTRYINDEX)};
+  if (reactor_conn_task(c, lx__later_run, t)) {
+    luaL_unref(L, LUA_REGISTRYINDEX, t->ref);
+    free(t);
+    log_error("pub/sub: out of memory; a message to a connection is lost");
+  }
+}
+
 /* Calls every active subscriber in list (at the top of L) with channel and
  * message (at ch_idx and msg_idx). */
 static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx) {
@@ -248,10 +292,15 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx) {
     lx_sub_t *s = lua_touserdata(L, -1);
     lua_pop(L, 1);
     if (!s || !s->active) continue;
+    conn_t *c = s->uuid ? reactor_conn_find(ln->r, s->uuid) : NULL;
+    if (s->uuid && !c) continue; /* closing: cancelled at its on_close */
+    if (c && reactor_conn_busy(c)) {
+      lx__conn_later(ln, c, s->fn_ref, ch_idx, msg_idx);
+      continue;
+    }
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->fn_ref);
     lua_pushvalue(L, ch_idx);
     lua_pushvalue(L, msg_idx);
-    conn_t *c = s->uuid ? reactor_conn_find(ln->r, s->uuid) : NULL;
     lx_call(ln, L, 2, c ? LX_CONN : LX_PLAIN, c, NULL, "subscriber");
   }
   lua_pop(L, 1);

@@ -54,7 +54,14 @@ enum {
   P_READY = 1u << 3,
   P_TIMEOUT = 1u << 4,
   P_SHUTCLOSE = 1u << 5, /* on_shutdown has run: close */
+  P_TASK = 1u << 6,      /* reactor_conn_task waiting */
 };
+
+typedef struct conn_task {
+  struct conn_task *next;
+  void (*fn)(conn_t *c, void *arg);
+  void *arg;
+} conn_task_t;
 
 struct conn {
   int kind; /* KIND_CONN */
@@ -76,6 +83,7 @@ struct conn {
   conn_t *prev, *next;   /* live list, or zombie list once dead */
   conn_t *pending_next;  /* pending list */
   mp_timer_t *connect_timer;
+  conn_task_t *tasks, *tasks_tail; /* reactor_conn_task, in order */
 };
 
 struct listener {
@@ -175,7 +183,19 @@ static void list__push(conn_t **head, conn_t *c) {
   *head = c;
 }
 
+/* Tasks of a connection that is gone get fn(NULL) to free what they hold. */
+static void conn__drop_tasks(conn_t *c) {
+  while (c->tasks) {
+    conn_task_t *t = c->tasks;
+    c->tasks = t->next;
+    t->fn(NULL, t->arg);
+    free(t);
+  }
+  c->tasks_tail = NULL;
+}
+
 static void conn__free(conn_t *c) {
+  conn__drop_tasks(c);
   if (c->flags & F_ZOMBIE) list__unlink(&c->r->zombies, c);
   free(c->connect_timer);
   free(c);
@@ -339,6 +359,17 @@ static void conn__process(conn_t *c) {
     } else if (p & P_SHUTCLOSE) {
       p &= ~P_SHUTCLOSE;
       reactor_conn_close(c, CONN_SHUTDOWN);
+    } else if ((p & P_TASK) && c->tasks) {
+      conn_task_t *t = c->tasks; /* one at a time: it may wait */
+      c->tasks = t->next;
+      if (!c->tasks) {
+        c->tasks_tail = NULL;
+        p &= ~P_TASK;
+      }
+      c->hold++;
+      t->fn(c, t->arg);
+      c->hold--;
+      free(t);
     } else if (p & P_READY) {
       p &= ~P_READY;
       if (c->proto->on_ready) conn__call(c, c->proto->on_ready);
@@ -356,7 +387,11 @@ static void conn__process(conn_t *c) {
     }
   }
   c->pend |= p & ~P_READ;
-  if ((c->flags & F_DEAD) && c->hold == 0) conn__finish(c);
+  if (c->tasks) c->pend |= P_TASK;
+  if ((c->flags & F_DEAD) && c->hold == 0) {
+    conn__drop_tasks(c);
+    conn__finish(c);
+  }
 }
 
 /* Delivers the events queued so far; ones queued meanwhile wait for the
@@ -516,6 +551,30 @@ void reactor_conn_release(conn_t *c) {
   if (--c->hold > 0) return;
   if ((c->flags & F_DEAD) || c->pend || (c->flags & F_READ_PENDING))
     conn__enqueue(c, (c->flags & F_READ_PENDING) ? P_READ : 0);
+}
+
+bool reactor_conn_busy(const conn_t *c) { return c->hold > 0 || c->tasks; }
+
+int reactor_conn_task(conn_t *c, void (*fn)(conn_t *, void *), void *arg) {
+  if (!reactor_conn_busy(c) && !(c->flags & F_DEAD)) {
+    c->hold++;
+    fn(c, arg);
+    c->hold--;
+    if (c->hold == 0 && ((c->flags & F_DEAD) || c->pend))
+      conn__enqueue(c, 0);
+    return 0;
+  }
+  conn_task_t *t = malloc(sizeof(*t));
+  if (!t) return -ENOMEM;
+  *t = (conn_task_t){NULL, fn, arg};
+  if (c->tasks_tail)
+    c->tasks_tail->next = t;
+  else
+    c->tasks = t;
+  c->tasks_tail = t;
+  c->pend |= P_TASK;
+  if (c->hold == 0) conn__enqueue(c, P_TASK);
+  return 0;
 }
 
 void reactor_conn_set_timeout(conn_t *c, uint32_t timeout_ms) {

@@ -205,6 +205,15 @@ void reactor_conn_resume(conn_t *c);
 void reactor_conn_hold(conn_t *c);
 void reactor_conn_release(conn_t *c);
 
+/* Whether a callback of `c` is running or waiting (held). */
+bool reactor_conn_busy(const conn_t *c);
+
+/* Runs fn(c, arg) as one of c's callbacks: at once if none is running or
+ * waiting and no earlier task waits, else after them, in order. If c
+ * closes first, fn(NULL, arg) runs instead (to free arg). 0 or -ENOMEM
+ * (then nothing runs). */
+int reactor_conn_task(conn_t *c, void (*fn)(conn_t *c, void *arg), void *arg);
+
 /* The idle limit, and a reset of the idle clock. */
 void reactor_conn_set_timeout(conn_t *c, uint32_t timeout_ms);
 uint32_t reactor_conn_timeout(const conn_t *c);
