@@ -68,6 +68,7 @@ test-tsan: setup
 bench: all
 	@bash scripts/setup --bench
 	@bash scripts/bench-echo
+	@bash scripts/bench-pubsub
 
 run: setup
 	@$(MAKE) --no-print-directory all

@@ -1,0 +1,983 @@
+/*
+ * pubsub_load: pub/sub fan-out load generator for the moonport benchmark
+ * harness (scripts/bench-pubsub), against bench/pubsub.lua. Single-threaded,
+ * epoll, one process.
+ *
+ * 1. Opens S subscriber connections (at most 256 handshakes in flight),
+ *    sends "sub\n" on each and waits for every "ok W L\n" acknowledgement
+ *    (W: the worker that serves it). With -n N, fails unless the
+ *    subscribers are spread over exactly N distinct workers.
+ * 2. Opens one publisher connection, asks "who\n" (its worker), then sends
+ *    "pub <seq> <t_ns> <padding>\n" lines: seq counts from 0, t_ns is
+ *    CLOCK_MONOTONIC when the line was formatted, and the whole line the
+ *    subscribers receive ("<seq> <t_ns> <padding>\n") is M bytes (-m).
+ *    Pacing: at most Q messages in flight (-q; a message is in flight until
+ *    every subscriber has it), so no queue in the server can grow without
+ *    bound; with -r R also at most R messages per second (sent in bursts of
+ *    whatever is due when the loop wakes, at least every millisecond).
+ * 3. Every subscriber parses its lines and, for every delivery, records the
+ *    latency receive time - t_ns in a log-linear histogram (128 sub-buckets
+ *    per power of two: < 1 % error), overall and per worker, and the same
+ *    to the kernel's receive timestamp (arr_* below; -T: not measured,
+ *    SO_TIMESTAMPNS left off). Per subscriber
+ *    the sequence numbers must arrive 0, 1, 2, ...: a gap counts as lost
+ *    messages, a number at or below one already seen as out of order.
+ * The first W seconds (-w) are a warm-up (not counted), then D seconds
+ * (-d) are measured; then publishing stops and the tool waits for
+ * everything in flight (for as long as deliveries keep coming, at most
+ * 30 s): whatever a subscriber still lacks then is counted as lost. If
+ * nothing is delivered for 3 s while messages are in flight, the run stops
+ * there and reports a stall (with which workers' subscribers lag) on
+ * stderr.
+ *
+ * With -P PID (the server's root process) the CPU time (utime + stime,
+ * clock ticks, from /proc/PID/stat) of PID and of every process whose
+ * parent is PID (its workers) is read at the start and the end of the
+ * measured window.
+ *
+ * Prints one line of key=value pairs on stdout (for the script) and a
+ * readable summary on stderr:
+ *   msgs=N secs=S msg_rate=R deliveries=D delivery_rate=R p50_us=.. p90_us=..
+ *   p99_us=.. p999_us=.. max_us=.. lost=L out_of_order=O bad_lines=B errors=E
+ *   stall=0|1
+ *   subs=S workers_seen=K dist=W:n,W:n pub_worker=W window=Q rate=R msg=M
+ *   sub_secs=.. arr_p50_us=.. arr_p99_us=.. arr_max_us=.. no_rx_stamp=0
+ *   clock_step=0 undelivered=0 drain_secs=.. sub_mean_min_us=.. sub_mean_min_idx=..
+ *   sub_mean_max_us=.. sub_mean_max_idx=..
+ *   w<W>_p50_us=.. w<W>_p99_us=.. w<W>_arr_p50_us=.. w<W>_arr_p99_us=..
+ *   w<W>_deliveries=.. (per worker) client_cpu_pct=P client_cpu_s=S
+ *   machine_busy_ticks=B machine_softirq_ticks=B
+ *   [server_ticks=T root_ticks=T ksoftirqd_ticks=T server_procs=N
+ *    procs_changed=0|1 clk_tck=100]
+ * arr_*: latency to the kernel's receive timestamp of the read that
+ * brought the line (SO_TIMESTAMPNS; for a read of several segments, the
+ * last one's), converted to CLOCK_MONOTONIC: when the message was in the
+ * subscriber's socket, without this tool's delay in reading it.
+ * sub_mean_*: the lowest and highest mean latency of one subscriber (in
+ * the socket when known), and which subscriber (index in opening order).
+ *
+ * RLIMIT_NOFILE is raised to the hard limit.
+ *
+ * Build: gcc -O2 -o pubsub_load pubsub_load.c
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- histogram --------------------------------------------------------- */
+
+#define SUB_BITS 7
+#define SUB (1u << SUB_BITS)
+#define NBUCKETS ((64 - SUB_BITS + 1) * SUB)
+
+typedef struct {
+    uint64_t b[NBUCKETS];
+    uint64_t n, max;
+} hist_t;
+
+static unsigned bucket_of(uint64_t v)
+{
+    if (v < SUB)
+        return (unsigned)v;
+    int msb = 63 - __builtin_clzll(v);
+    int shift = msb - SUB_BITS;
+    return (unsigned)((shift + 1) * SUB + ((v >> shift) - SUB));
+}
+
+/* midpoint of the bucket's range */
+static uint64_t value_of(unsigned idx)
+{
+    if (idx < SUB)
+        return idx;
+    unsigned shift = idx / SUB - 1;
+    uint64_t lo = (uint64_t)(idx % SUB + SUB) << shift;
+    return lo + (((uint64_t)1 << shift) >> 1);
+}
+
+static void hist_add(hist_t *h, uint64_t ns)
+{
+    h->b[bucket_of(ns)]++;
+    h->n++;
+    if (ns > h->max)
+        h->max = ns;
+}
+
+static double hist_pct_us(const hist_t *h, double pct)
+{
+    if (h->n == 0)
+        return 0;
+    uint64_t want = (uint64_t)((double)h->n * pct / 100.0 + 0.5);
+    if (want < 1)
+        want = 1;
+    uint64_t seen = 0;
+    for (unsigned i = 0; i < NBUCKETS; i++) {
+        seen += h->b[i];
+        if (seen >= want) {
+            uint64_t v = value_of(i);
+            return (double)(v > h->max ? h->max : v) / 1000.0;
+        }
+    }
+    return (double)h->max / 1000.0;
+}
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "pubsub_load: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+/* utime + stime (clock ticks), parent pid and whether it is a ksoftirqd
+ * kernel thread, of a process; -1 if unreadable */
+static long long proc_stat(int pid, int *ppid, int *ksoftirqd)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* comm may contain spaces */
+    if (!p)
+        return -1;
+    if (ksoftirqd) {
+        char *comm = strchr(buf, '(');
+        *ksoftirqd = comm && strncmp(comm + 1, "ksoftirqd/", 10) == 0;
+    }
+    p += 2; /* now at field 3 (state) */
+    int pp = 0;
+    unsigned long long ut = 0, st = 0;
+    /* 4 = ppid, 5..13 skipped, 14 = utime, 15 = stime */
+    if (sscanf(p, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+               &pp, &ut, &st) != 3)
+        return -1;
+    if (ppid)
+        *ppid = pp;
+    return (long long)(ut + st);
+}
+
+#define MAX_PROCS 64
+
+/* CPU ticks of `root` and of its children (found by scanning /proc);
+ * their pids go to pids[] (root first), their count to *np; -1 if the root
+ * is unreadable. `root_ticks` gets the root's share, `ksoftirqd` the
+ * ticks of the ksoftirqd/N kernel threads (network processing deferred
+ * from interrupts, on behalf of every socket). */
+static long long tree_ticks(int root, int *pids, int *np, long long *root_ticks,
+                            long long *ksoftirqd)
+{
+    long long total = proc_stat(root, NULL, NULL);
+    *ksoftirqd = 0;
+    *np = 0;
+    if (total < 0)
+        return -1;
+    *root_ticks = total;
+    pids[(*np)++] = root;
+    DIR *d = opendir("/proc");
+    if (!d)
+        return total;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        int pid = atoi(e->d_name), pp = 0, ks = 0;
+        if (pid == root)
+            continue;
+        long long t = proc_stat(pid, &pp, &ks);
+        if (t >= 0 && ks)
+            *ksoftirqd += t;
+        if (t < 0 || pp != root)
+            continue;
+        total += t;
+        if (*np < MAX_PROCS)
+            pids[(*np)++] = pid;
+    }
+    closedir(d);
+    return total;
+}
+
+static int same_procs(const int *a, int na, const int *b, int nb)
+{
+    if (na != nb)
+        return 0;
+    for (int i = 0; i < na; i++) {
+        int found = 0;
+        for (int j = 0; j < nb; j++)
+            found |= a[i] == b[j];
+        if (!found)
+            return 0;
+    }
+    return 1;
+}
+
+/* this process's own CPU time, seconds */
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* busy clock ticks of the whole machine (all CPUs), from /proc/stat:
+ * user + nice + system + irq + softirq + steal; -1 if unreadable. The
+ * softirq share (network receive processing, which /proc/PID/stat does not
+ * charge to the process that caused it) goes to *softirq. */
+static long long machine_busy_ticks(long long *softirq)
+{
+    char buf[512];
+    int fd = open("/proc/stat", O_RDONLY);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    unsigned long long v[8] = {0};
+    if (sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu %llu",
+               &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) < 7)
+        return -1;
+    *softirq = (long long)v[6];
+    return (long long)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+}
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) { (void)sig; stop_flag = 1; }
+
+static void usage(void)
+{
+    fprintf(stderr,
+        "usage: pubsub_load [-H host] [-p port] [-c subscribers] [-n workers]\n"
+        "                   [-d seconds] [-w warmup_seconds] [-q in_flight]\n"
+        "                   [-r msgs_per_sec] [-m msg_bytes] [-P server_pid] [-T]\n"
+        "  defaults: -H 127.0.0.1 -p 3002 -c 1000 -d 10 -w 1 -q 16 -r 0 (no rate\n"
+        "  limit, only -q) -m 64; -n 0 accepts any spread over workers;\n"
+        "  -T: no kernel receive timestamps (no arrival latency)\n");
+    exit(2);
+}
+
+/* ---- connections ------------------------------------------------------- */
+
+#define MAX_WORKERS 64 /* worker indexes 0..63 (0: a one-process server) */
+#define RING (1u << 16) /* completion counters; -q must not exceed it */
+#define MAX_LINE 4096
+
+struct sub {
+    int fd;
+    int worker;        /* from the ack; -1 before */
+    uint64_t expect;   /* next sequence number due */
+    uint16_t part_len; /* bytes of an unfinished line */
+    uint64_t lat_sum, lat_n; /* measured deliveries: latency (in socket if known) */
+    char *part;        /* MAX_LINE bytes */
+};
+
+static struct sub *subs;
+static int nsubs;
+static int ep;
+static int acked;
+static uint64_t lost, out_of_order, errors, bad_lines;
+
+/* publishing state */
+static uint64_t published;          /* messages formatted (sequence numbers 0..published-1) */
+static uint64_t completed;          /* messages every subscriber has */
+static int32_t remaining[RING];     /* subscribers still owed message seq % RING */
+static int measuring;
+static uint64_t m_deliveries, m_msgs, total_deliveries;
+static uint64_t last_progress;
+static hist_t hist_all, hist_w[MAX_WORKERS];
+static hist_t hist_arr, hist_arr_w[MAX_WORKERS]; /* kernel arrival time */
+static int64_t real_minus_mono;     /* CLOCK_REALTIME - CLOCK_MONOTONIC, ns */
+static uint64_t no_rx_stamp;        /* reads that came without a timestamp */
+static int rx_stamps = 1;           /* -T turns SO_TIMESTAMPNS off */
+static int dist[MAX_WORKERS];
+
+#define PUB_IDX ((uint32_t)0x7fffffff)
+
+static void sub_failed(struct sub *s, const char *why)
+{
+    fprintf(stderr, "pubsub_load: subscriber %ld (worker %d): %s\n",
+            (long)(s - subs), s->worker, why);
+    errors++;
+    epoll_ctl(ep, EPOLL_CTL_DEL, s->fd, NULL);
+    close(s->fd);
+    s->fd = -1;
+}
+
+/* One line (without its newline) arrived on subscriber s: read at time t
+ * (CLOCK_MONOTONIC), in the socket since `arrived` (the kernel's receive
+ * timestamp converted to CLOCK_MONOTONIC; 0 if unknown). */
+static void on_line(struct sub *s, char *line, size_t len, uint64_t t, uint64_t arrived)
+{
+    if (s->worker < 0) {
+        int w = -1, lane = 0;
+        line[len] = 0;
+        if (sscanf(line, "ok %d %d", &w, &lane) < 1 || w < 0 || w >= MAX_WORKERS) {
+            sub_failed(s, "expected \"ok W L\" after \"sub\"");
+            return;
+        }
+        s->worker = w;
+        dist[w]++;
+        acked++;
+        return;
+    }
+    char *end;
+    uint64_t seq = strtoull(line, &end, 10);
+    if (end == line || *end != ' ') {
+        bad_lines++;
+        return;
+    }
+    uint64_t ts = strtoull(end + 1, &end, 10);
+    if (seq >= published) {
+        bad_lines++; /* never sent */
+        return;
+    }
+    if (seq < s->expect) {
+        out_of_order++; /* a duplicate or a late one after a gap */
+        return;
+    }
+    /* a gap: those messages are lost for this subscriber (in flight no
+     * longer: they will never complete either, which shows as a stall) */
+    if (seq > s->expect)
+        lost += seq - s->expect;
+    s->expect = seq + 1;
+    total_deliveries++;
+    last_progress = t;
+    if (--remaining[seq % RING] == 0)
+        completed++;
+    if (measuring) {
+        m_deliveries++;
+        uint64_t lat = t >= ts ? t - ts : 0;
+        hist_add(&hist_all, lat);
+        hist_add(&hist_w[s->worker], lat);
+        if (arrived) {
+            lat = arrived >= ts ? arrived - ts : 0;
+            hist_add(&hist_arr, lat);
+            hist_add(&hist_arr_w[s->worker], lat);
+        }
+        s->lat_sum += lat;
+        s->lat_n++;
+    }
+}
+
+static char rxbuf[MAX_LINE + 65536];
+
+/* CLOCK_REALTIME - CLOCK_MONOTONIC in ns, from the closest of a few pairs */
+static int64_t clock_offset(void)
+{
+    int64_t best_gap = INT64_MAX, off = 0;
+    for (int i = 0; i < 9; i++) {
+        struct timespec r;
+        uint64_t m0 = now_ns();
+        clock_gettime(CLOCK_REALTIME, &r);
+        uint64_t m1 = now_ns();
+        int64_t gap = (int64_t)(m1 - m0);
+        if (gap < best_gap) {
+            best_gap = gap;
+            off = (int64_t)r.tv_sec * 1000000000ll + r.tv_nsec - (int64_t)(m0 + (m1 - m0) / 2);
+        }
+    }
+    return off;
+}
+
+/* Reads everything available on subscriber s. */
+static void sub_read(struct sub *s)
+{
+    for (;;) {
+        memcpy(rxbuf, s->part, s->part_len);
+        /* recvmsg for SO_TIMESTAMPNS: when the last segment read arrived */
+        union {
+            char buf[CMSG_SPACE(sizeof(struct timespec))];
+            struct cmsghdr align;
+        } cm;
+        struct iovec iov = { rxbuf + s->part_len, sizeof rxbuf - s->part_len };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
+                             .msg_control = cm.buf, .msg_controllen = sizeof cm.buf };
+        ssize_t r = recvmsg(s->fd, &mh, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno == EAGAIN)
+            return;
+        if (r <= 0) {
+            sub_failed(s, r == 0 ? "closed by the server" : strerror(errno));
+            return;
+        }
+        uint64_t t = now_ns(), arrived = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+                struct timespec ts;
+                memcpy(&ts, CMSG_DATA(c), sizeof ts);
+                int64_t real = (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+                if (real > real_minus_mono)
+                    arrived = (uint64_t)(real - real_minus_mono);
+            }
+        }
+        if (!arrived && s->worker >= 0 && rx_stamps)
+            no_rx_stamp++;
+        size_t have = s->part_len + (size_t)r, pos = 0;
+        for (;;) {
+            char *nl = memchr(rxbuf + pos, '\n', have - pos);
+            if (!nl)
+                break;
+            size_t len = (size_t)(nl - (rxbuf + pos));
+            on_line(s, rxbuf + pos, len, t, arrived);
+            if (s->fd < 0)
+                return;
+            pos += len + 1;
+        }
+        if (have - pos >= MAX_LINE) {
+            sub_failed(s, "line too long");
+            return;
+        }
+        s->part_len = (uint16_t)(have - pos);
+        memcpy(s->part, rxbuf + pos, s->part_len);
+        if ((size_t)r < sizeof rxbuf - (have - (size_t)r))
+            return; /* short read: drained (level-triggered anyway) */
+    }
+}
+
+static int new_socket(const struct sockaddr_in *sa)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (rx_stamps)
+        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+    if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) < 0 && errno != EINPROGRESS) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/*
+ * Opens all subscriber connections (at most `window` handshakes in
+ * flight), sends "sub\n" on each, and waits for every ack.
+ * Returns 0, or -1 with a message printed.
+ */
+static int subscribe_all(const struct sockaddr_in *sa, int window, double limit_s)
+{
+    int next = 0, pending = 0, connected = 0, retries = 0;
+    struct epoll_event evs[512];
+    uint64_t deadline = now_ns() + (uint64_t)(limit_s * 1e9);
+
+    while (acked < nsubs) {
+        while (next < nsubs && pending < window) {
+            struct sub *s = &subs[next];
+            s->fd = new_socket(sa);
+            if (s->fd < 0) {
+                fprintf(stderr, "pubsub_load: connection %d: %s\n", next, strerror(errno));
+                return -1;
+            }
+            struct epoll_event e = { .events = EPOLLOUT, .data.u32 = (uint32_t)next };
+            if (epoll_ctl(ep, EPOLL_CTL_ADD, s->fd, &e) < 0)
+                die("epoll_ctl ADD");
+            next++;
+            pending++;
+        }
+        if (now_ns() > deadline) {
+            fprintf(stderr, "pubsub_load: after %.0f s only %d of %d connections open, "
+                    "%d subscriptions acknowledged\n", limit_s, connected, nsubs, acked);
+            return -1;
+        }
+        if (stop_flag || errors)
+            return -1;
+        int n = epoll_wait(ep, evs, 512, 100);
+        if (n < 0 && errno != EINTR)
+            die("epoll_wait");
+        for (int i = 0; i < n; i++) {
+            int idx = (int)evs[i].data.u32;
+            struct sub *s = &subs[idx];
+            if (s->fd < 0)
+                continue;
+            if (s->worker >= 0 || (evs[i].events & EPOLLIN)) {
+                sub_read(s); /* the ack */
+                continue;
+            }
+            int err = 0;
+            socklen_t len = sizeof err;
+            getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            if (err) {
+                /* a handshake lost to a full backlog: retry a few times */
+                if ((err == ECONNREFUSED || err == ETIMEDOUT || err == EAGAIN ||
+                     err == ECONNRESET) && retries < 100) {
+                    retries++;
+                    close(s->fd);
+                    s->fd = new_socket(sa);
+                    if (s->fd < 0)
+                        die("connect");
+                    struct epoll_event e = { .events = EPOLLOUT, .data.u32 = (uint32_t)idx };
+                    if (epoll_ctl(ep, EPOLL_CTL_ADD, s->fd, &e) < 0)
+                        die("epoll_ctl ADD");
+                    continue;
+                }
+                fprintf(stderr, "pubsub_load: connection %d failed: %s\n", idx, strerror(err));
+                return -1;
+            }
+            if (write(s->fd, "sub\n", 4) != 4) {
+                fprintf(stderr, "pubsub_load: write sub: %s\n", strerror(errno));
+                return -1;
+            }
+            struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.u32 = (uint32_t)idx };
+            if (epoll_ctl(ep, EPOLL_CTL_MOD, s->fd, &e) < 0)
+                die("epoll_ctl MOD");
+            pending--;
+            connected++;
+        }
+    }
+    if (retries)
+        fprintf(stderr, "pubsub_load: %d handshakes retried\n", retries);
+    return 0;
+}
+
+/* ---- publisher ---------------------------------------------------------- */
+
+static int pub_fd = -1;
+static char pub_out[1 << 20];
+static size_t pub_len, pub_sent;
+static int pub_want_out;
+static size_t msg_size;
+
+static void pub_set_events(uint32_t ev)
+{
+    struct epoll_event e = { .events = ev, .data.u32 = PUB_IDX };
+    if (epoll_ctl(ep, EPOLL_CTL_MOD, pub_fd, &e) < 0)
+        die("epoll_ctl MOD publisher");
+}
+
+/* writes what is queued; 0 ok (maybe still pending), -1 error */
+static int pub_flush(void)
+{
+    while (pub_sent < pub_len) {
+        ssize_t w = write(pub_fd, pub_out + pub_sent, pub_len - pub_sent);
+        if (w > 0) {
+            pub_sent += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            if (!pub_want_out) {
+                pub_want_out = 1;
+                pub_set_events(EPOLLIN | EPOLLOUT);
+            }
+            return 0;
+        }
+        return -1;
+    }
+    pub_len = pub_sent = 0;
+    if (pub_want_out) {
+        pub_want_out = 0;
+        pub_set_events(EPOLLIN);
+    }
+    return 0;
+}
+
+/* formats message number `published` into the output buffer */
+static void pub_format(void)
+{
+    char *p = pub_out + pub_len;
+    uint64_t seq = published;
+    int n = sprintf(p, "pub %llu %llu ", (unsigned long long)seq,
+                    (unsigned long long)now_ns());
+    /* the subscribers get the line without "pub ": msg_size bytes in all */
+    size_t body = (size_t)n - 4;
+    while (body + 1 < msg_size) {
+        p[n++] = 'x';
+        body++;
+    }
+    p[n++] = '\n';
+    pub_len += (size_t)n;
+    remaining[seq % RING] = nsubs;
+    published++;
+    if (measuring)
+        m_msgs++;
+}
+
+/* ---- main -------------------------------------------------------------- */
+
+static void print_lag(void)
+{
+    /* per worker: how many subscribers lack messages, the furthest behind */
+    for (int w = 0; w < MAX_WORKERS; w++) {
+        if (!dist[w])
+            continue;
+        int behind = 0;
+        uint64_t min_expect = UINT64_MAX;
+        for (int i = 0; i < nsubs; i++) {
+            if (subs[i].worker != w || subs[i].fd < 0)
+                continue;
+            if (subs[i].expect < published)
+                behind++;
+            if (subs[i].expect < min_expect)
+                min_expect = subs[i].expect;
+        }
+        fprintf(stderr, "pubsub_load:   worker %d: %d of %d subscribers lack messages; "
+                "the furthest behind has %llu of %llu\n", w, behind, dist[w],
+                (unsigned long long)(min_expect == UINT64_MAX ? 0 : min_expect),
+                (unsigned long long)published);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *host = "127.0.0.1";
+    int port = 3002, pid = 0, want_workers = 0, window = 16, opt;
+    double seconds = 10, warmup = 1, rate = 0;
+    nsubs = 1000;
+    msg_size = 64;
+
+    while ((opt = getopt(argc, argv, "H:p:c:n:d:w:q:r:m:P:Th")) != -1) {
+        switch (opt) {
+        case 'H': host = optarg; break;
+        case 'p': port = atoi(optarg); break;
+        case 'c': nsubs = atoi(optarg); break;
+        case 'n': want_workers = atoi(optarg); break;
+        case 'd': seconds = atof(optarg); break;
+        case 'w': warmup = atof(optarg); break;
+        case 'q': window = atoi(optarg); break;
+        case 'r': rate = atof(optarg); break;
+        case 'm': msg_size = (size_t)atol(optarg); break;
+        case 'P': pid = atoi(optarg); break;
+        case 'T': rx_stamps = 0; break;
+        default: usage();
+        }
+    }
+    if (optind != argc || port <= 0 || port > 65535 || nsubs <= 0 || seconds <= 0 ||
+        warmup < 0 || window < 1 || (unsigned)window > RING || rate < 0 ||
+        msg_size < 16 || msg_size > 1024 || want_workers < 0)
+        usage();
+
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        fprintf(stderr, "pubsub_load: host must be an IPv4 address: %s\n", host);
+        return 2;
+    }
+
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        (rlim_t)nsubs + 16 > rl.rlim_cur) {
+        fprintf(stderr, "pubsub_load: %d subscribers need more descriptors than "
+                "RLIMIT_NOFILE allows (%llu)\n", nsubs, (unsigned long long)rl.rlim_cur);
+        return 1;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sact = { .sa_handler = on_signal };
+    sigaction(SIGINT, &sact, NULL);
+    sigaction(SIGTERM, &sact, NULL);
+
+    subs = calloc((size_t)nsubs, sizeof *subs);
+    char *parts = malloc((size_t)nsubs * MAX_LINE);
+    if (!subs || !parts)
+        die("malloc");
+    for (int i = 0; i < nsubs; i++) {
+        subs[i].fd = -1;
+        subs[i].worker = -1;
+        subs[i].part = parts + (size_t)i * MAX_LINE;
+    }
+    ep = epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0)
+        die("epoll_create1");
+
+    /* 1. subscribers */
+    uint64_t t0 = now_ns();
+    if (subscribe_all(&sa, 256, 30) < 0)
+        return 1;
+    double sub_s = (double)(now_ns() - t0) / 1e9;
+    int nworkers_seen = 0;
+    char dist_s[512] = "";
+    size_t dl = 0;
+    for (int w = 0; w < MAX_WORKERS; w++) {
+        if (!dist[w])
+            continue;
+        nworkers_seen++;
+        dl += (size_t)snprintf(dist_s + dl, sizeof dist_s - dl, "%s%d:%d",
+                               dl ? "," : "", w, dist[w]);
+    }
+    fprintf(stderr, "pubsub_load: %d subscribers acknowledged in %.2f s; per worker %s\n",
+            nsubs, sub_s, dist_s);
+    if (want_workers && nworkers_seen != want_workers) {
+        fprintf(stderr, "pubsub_load: the subscribers are spread over %d worker(s) (%s), "
+                "expected %d\n", nworkers_seen, dist_s, want_workers);
+        return 1;
+    }
+
+    /* 2. the publisher: which worker serves it */
+    pub_fd = new_socket(&sa);
+    if (pub_fd < 0)
+        die("publisher connect");
+    struct epoll_event pe = { .events = EPOLLIN, .data.u32 = PUB_IDX };
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, pub_fd, &pe) < 0)
+        die("epoll_ctl ADD publisher");
+    int pub_worker = -1;
+    {
+        /* blocking-style handshake with a deadline: connect, "who", "me W L" */
+        int fl = fcntl(pub_fd, F_GETFL);
+        fcntl(pub_fd, F_SETFL, fl & ~O_NONBLOCK);
+        struct timeval tv = { .tv_sec = 10 };
+        setsockopt(pub_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(pub_fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        char b[64];
+        size_t got = 0;
+        if (write(pub_fd, "who\n", 4) != 4)
+            die("publisher write");
+        while (got < sizeof b - 1 && !memchr(b, '\n', got)) {
+            ssize_t r = read(pub_fd, b + got, sizeof b - 1 - got);
+            if (r <= 0) {
+                fprintf(stderr, "pubsub_load: no answer to \"who\" on the publisher "
+                        "connection\n");
+                return 1;
+            }
+            got += (size_t)r;
+        }
+        b[got] = 0;
+        if (sscanf(b, "me %d", &pub_worker) != 1) {
+            fprintf(stderr, "pubsub_load: bad answer to \"who\": %s\n", b);
+            return 1;
+        }
+        fcntl(pub_fd, F_SETFL, fl | O_NONBLOCK);
+    }
+
+    /* 3. load */
+    real_minus_mono = clock_offset();
+    long clk_tck = sysconf(_SC_CLK_TCK);
+    int pids0[MAX_PROCS], pids1[MAX_PROCS], np0 = 0, np1 = 0;
+    long long cpu0 = -1, cpu1 = -1, root0 = 0, root1 = 0, ksi0 = 0, ksi1 = 0;
+    double self0 = self_cpu_s();
+    long long sirq0 = 0, sirq1 = 0;
+    long long busy0 = machine_busy_ticks(&sirq0), busy1 = -1;
+    uint64_t start = now_ns();
+    uint64_t t_measure = start + (uint64_t)(warmup * 1e9);
+    uint64_t t_end = t_measure + (uint64_t)(seconds * 1e9);
+    uint64_t t_drain_end = 0;
+    uint64_t rate_start = start; /* -r: message k is due at rate_start + k / rate */
+    int draining = 0, stall = 0;
+    if (warmup <= 0) {
+        measuring = 1;
+        t_measure = start;
+        if (pid)
+            cpu0 = tree_ticks(pid, pids0, &np0, &root0, &ksi0);
+    }
+    last_progress = start;
+
+    struct epoll_event evs[1024];
+    uint64_t now = start, t_stop = 0;
+    for (;;) {
+        if (stop_flag) {
+            fprintf(stderr, "pubsub_load: interrupted\n");
+            break;
+        }
+        /* publish what the window (and the rate) allow */
+        if (!draining && pub_len == 0) {
+            while (published - completed < (uint64_t)window &&
+                   pub_len + MAX_LINE < sizeof pub_out) {
+                if (rate > 0 &&
+                    now < rate_start + (uint64_t)((double)published * 1e9 / rate))
+                    break;
+                pub_format();
+            }
+            if (pub_len && pub_flush() < 0) {
+                fprintf(stderr, "pubsub_load: publisher write: %s\n", strerror(errno));
+                errors++;
+                break;
+            }
+        }
+        int timeout = 10;
+        if (rate > 0 && !draining)
+            timeout = 1;
+        int n = epoll_wait(ep, evs, 1024, timeout);
+        if (n < 0 && errno != EINTR)
+            die("epoll_wait");
+        for (int i = 0; i < n; i++) {
+            uint32_t idx = evs[i].data.u32;
+            if (idx == PUB_IDX) {
+                if (evs[i].events & EPOLLOUT && pub_flush() < 0) {
+                    fprintf(stderr, "pubsub_load: publisher write: %s\n", strerror(errno));
+                    errors++;
+                }
+                if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+                    char b[256];
+                    ssize_t r = read(pub_fd, b, sizeof b);
+                    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                        fprintf(stderr, "pubsub_load: the server closed the publisher "
+                                "connection\n");
+                        errors++;
+                        epoll_ctl(ep, EPOLL_CTL_DEL, pub_fd, NULL);
+                    } else if (r > 0) {
+                        bad_lines++;
+                    }
+                }
+                continue;
+            }
+            struct sub *s = &subs[idx];
+            if (s->fd >= 0)
+                sub_read(s);
+        }
+        now = now_ns();
+        if (errors)
+            break;
+        if (!measuring && !draining && now >= t_measure) {
+            measuring = 1;
+            t_measure = now;
+            t_end = now + (uint64_t)(seconds * 1e9);
+            if (pid)
+                cpu0 = tree_ticks(pid, pids0, &np0, &root0, &ksi0);
+            self0 = self_cpu_s();
+            busy0 = machine_busy_ticks(&sirq0);
+        }
+        if (measuring && !draining && now >= t_end) {
+            t_stop = now;
+            if (pid)
+                cpu1 = tree_ticks(pid, pids1, &np1, &root1, &ksi1);
+            busy1 = machine_busy_ticks(&sirq1);
+            self0 = self_cpu_s() - self0; /* from here on: the window's CPU time */
+            measuring = 0;
+            draining = 1;
+            t_drain_end = now + 30000000000ull;
+        }
+        if (draining && (completed == published || now >= t_drain_end))
+            break;
+        if (published > completed && now - last_progress > 3000000000ull) {
+            fprintf(stderr, "pubsub_load: STALL: no delivery for %.1f s with %llu "
+                    "message(s) in flight (%llu published, %llu complete)\n",
+                    (double)(now - last_progress) / 1e9,
+                    (unsigned long long)(published - completed),
+                    (unsigned long long)published, (unsigned long long)completed);
+            print_lag();
+            stall = 1;
+            break;
+        }
+    }
+    if (!draining) { /* stopped early: close the window here */
+        t_stop = now;
+        if (pid)
+            cpu1 = tree_ticks(pid, pids1, &np1, &root1, &ksi1);
+        busy1 = machine_busy_ticks(&sirq1);
+        self0 = self_cpu_s() - self0;
+    }
+    double self_cpu = self0;
+    int64_t step = clock_offset() - real_minus_mono;
+    int clock_step = step > 1000000 || step < -1000000; /* arrival times are off */
+    if (draining && !stall && completed != published) {
+        fprintf(stderr, "pubsub_load: after %.1f s, %llu of %llu messages still not "
+                "delivered to every subscriber\n", (double)(now - t_stop) / 1e9,
+                (unsigned long long)(published - completed), (unsigned long long)published);
+        print_lag();
+    }
+    /* whatever a live subscriber still lacks now is lost */
+    uint64_t undelivered = 0;
+    for (int i = 0; i < nsubs; i++)
+        if (subs[i].fd >= 0 && subs[i].expect < published)
+            undelivered += published - subs[i].expect;
+    if (!stall && !stop_flag)
+        lost += undelivered;
+
+    /* fairness: the mean latency of the luckiest and the unluckiest subscriber */
+    double sub_min = 0, sub_max = 0;
+    int sub_min_i = -1, sub_max_i = -1;
+    for (int i = 0; i < nsubs; i++) {
+        if (!subs[i].lat_n)
+            continue;
+        double m = (double)subs[i].lat_sum / (double)subs[i].lat_n / 1000.0;
+        if (sub_min_i < 0 || m < sub_min)
+            sub_min = m, sub_min_i = i;
+        if (sub_max_i < 0 || m > sub_max)
+            sub_max = m, sub_max_i = i;
+    }
+    double secs = (double)(t_stop - t_measure) / 1e9;
+    if (secs <= 0)
+        secs = 1e-9;
+    double msg_rate = (double)m_msgs / secs, del_rate = (double)m_deliveries / secs;
+    printf("msgs=%llu secs=%.3f msg_rate=%.1f deliveries=%llu delivery_rate=%.1f "
+           "p50_us=%.1f p90_us=%.1f p99_us=%.1f p999_us=%.1f max_us=%.1f "
+           "lost=%llu out_of_order=%llu bad_lines=%llu errors=%llu stall=%d "
+           "subs=%d workers_seen=%d dist=%s pub_worker=%d window=%d rate=%.0f msg=%zu "
+           "sub_secs=%.3f arr_p50_us=%.1f arr_p99_us=%.1f arr_max_us=%.1f "
+           "no_rx_stamp=%llu clock_step=%d undelivered=%llu drain_secs=%.3f "
+           "sub_mean_min_us=%.1f sub_mean_min_idx=%d sub_mean_max_us=%.1f sub_mean_max_idx=%d",
+           (unsigned long long)m_msgs, secs, msg_rate, (unsigned long long)m_deliveries,
+           del_rate, hist_pct_us(&hist_all, 50), hist_pct_us(&hist_all, 90),
+           hist_pct_us(&hist_all, 99), hist_pct_us(&hist_all, 99.9),
+           (double)hist_all.max / 1000.0, (unsigned long long)lost,
+           (unsigned long long)out_of_order, (unsigned long long)bad_lines,
+           (unsigned long long)errors, stall, nsubs, nworkers_seen, dist_s, pub_worker,
+           window, rate, msg_size, sub_s, hist_pct_us(&hist_arr, 50),
+           hist_pct_us(&hist_arr, 99), (double)hist_arr.max / 1000.0,
+           (unsigned long long)no_rx_stamp, clock_step, (unsigned long long)undelivered,
+           draining ? (double)(now - t_stop) / 1e9 : 0.0, sub_min, sub_min_i, sub_max,
+           sub_max_i);
+    for (int w = 0; w < MAX_WORKERS; w++)
+        if (dist[w])
+            printf(" w%d_p50_us=%.1f w%d_p99_us=%.1f w%d_arr_p50_us=%.1f "
+                   "w%d_arr_p99_us=%.1f w%d_deliveries=%llu", w,
+                   hist_pct_us(&hist_w[w], 50), w, hist_pct_us(&hist_w[w], 99), w,
+                   hist_pct_us(&hist_arr_w[w], 50), w, hist_pct_us(&hist_arr_w[w], 99), w,
+                   (unsigned long long)hist_w[w].n);
+    printf(" client_cpu_pct=%.0f client_cpu_s=%.3f machine_busy_ticks=%lld "
+           "machine_softirq_ticks=%lld",
+           100.0 * self_cpu / secs, self_cpu,
+           (busy0 >= 0 && busy1 >= 0) ? busy1 - busy0 : -1LL,
+           (busy0 >= 0 && busy1 >= 0) ? sirq1 - sirq0 : -1LL);
+    if (pid)
+        printf(" server_ticks=%lld root_ticks=%lld ksoftirqd_ticks=%lld server_procs=%d "
+               "procs_changed=%d clk_tck=%ld",
+               (cpu0 >= 0 && cpu1 >= 0) ? cpu1 - cpu0 : -1LL,
+               (cpu0 >= 0 && cpu1 >= 0) ? root1 - root0 : -1LL,
+               (cpu0 >= 0 && cpu1 >= 0) ? ksi1 - ksi0 : -1LL, np1,
+               !same_procs(pids0, np0, pids1, np1), clk_tck);
+    printf("\n");
+    fprintf(stderr, "pubsub_load: %d subs, publisher on worker %d, window %d%s, %.2f s: "
+            "%llu msgs (%.0f/s), %llu deliveries (%.0f/s), p50 %.1f us, p99 %.1f us, "
+            "max %.1f us (in the socket: p50 %.1f us, p99 %.1f us), lost %llu, "
+            "out of order %llu, errors %llu%s\n",
+            nsubs, pub_worker, window, rate > 0 ? " (rate-limited)" : "", secs,
+            (unsigned long long)m_msgs, msg_rate, (unsigned long long)m_deliveries, del_rate,
+            hist_pct_us(&hist_all, 50), hist_pct_us(&hist_all, 99),
+            (double)hist_all.max / 1000.0, hist_pct_us(&hist_arr, 50),
+            hist_pct_us(&hist_arr, 99), (unsigned long long)lost,
+            (unsigned long long)out_of_order, (unsigned long long)errors,
+            stall ? ", STALLED" : "");
+    for (int i = 0; i < nsubs; i++)
+        if (subs[i].fd >= 0)
+            close(subs[i].fd);
+    close(pub_fd);
+    return (errors || stall || lost || out_of_order || bad_lines || stop_flag) ? 3 : 0;
+}
