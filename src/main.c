@@ -28,6 +28,10 @@ static const char usage[] =
     "options (environment variable in brackets):\n"
     "  -w, --workers N   worker processes; with more than one, a root\n"
     "                    process supervises them (1) [MOONPORT_WORKERS]\n"
+    "  --drain-timeout SEC  a replaced worker's time to finish its\n"
+    "                    connections (10) [MOONPORT_DRAIN_TIMEOUT]\n"
+    "  --max-memory MB   replace a worker whose resident memory passes MB\n"
+    "                    (0: no limit) [MOONPORT_MAX_MEMORY]\n"
     "  -t, --threads N   lanes per process: threads, each with its own Lua\n"
     "                    VM (1) [MOONPORT_THREADS]\n"
     "  -g, --grace SEC   graceful shutdown deadline in seconds (8)\n"
@@ -37,6 +41,8 @@ static const char usage[] =
     "  -V, --version     the version\n";
 
 typedef struct {
+  double drain;    /* seconds a replaced worker has to finish */
+  long max_memory; /* MB, 0: none */
   long workers;
   long threads;
   double grace;
@@ -72,6 +78,12 @@ static bool parse_double(const char *s, double min, double max, double *out) {
  * exit status + 1. */
 static int parse_env(options_t *o) {
   const char *v;
+  if ((v = getenv("MOONPORT_DRAIN_TIMEOUT")) && *v &&
+      !parse_double(v, 0, 86400, &o->drain))
+    return 1 + usage_error("MOONPORT_DRAIN_TIMEOUT must be 0 to 86400 seconds, not '%s'", v);
+  if ((v = getenv("MOONPORT_MAX_MEMORY")) && *v &&
+      !parse_long(v, 0, 1 << 20, &o->max_memory))
+    return 1 + usage_error("MOONPORT_MAX_MEMORY must be 0 to 1048576 MB, not '%s'", v);
   if ((v = getenv("MOONPORT_WORKERS")) && *v &&
       !parse_long(v, 1, 256, &o->workers))
     return 1 + usage_error("MOONPORT_WORKERS must be 1 to 256, not '%s'", v);
@@ -115,6 +127,18 @@ static int parse_args(int argc, char **argv, options_t *o) {
       return -1;
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
       o->verbose = true;
+    } else if (strncmp(a, "--drain-timeout", 15) == 0) {
+      if (a[15] && a[15] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, 15);
+      if (!v) return -usage_error("%s needs seconds", a) - 1;
+      if (!parse_double(v, 0, 86400, &o->drain))
+        return -usage_error("--drain-timeout must be 0 to 86400 seconds, not '%s'", v) - 1;
+    } else if (strncmp(a, "--max-memory", 12) == 0) {
+      if (a[12] && a[12] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, 12);
+      if (!v) return -usage_error("%s needs megabytes", a) - 1;
+      if (!parse_long(v, 0, 1 << 20, &o->max_memory))
+        return -usage_error("--max-memory must be 0 to 1048576 MB, not '%s'", v) - 1;
     } else if (strncmp(a, "-w", 2) == 0 || strncmp(a, "--workers", 9) == 0) {
       size_t skip = a[1] == 'w' ? 2 : 9;
       if (skip == 9 && a[9] && a[9] != '=') return -usage_error("unknown option '%s'", a) - 1;
@@ -152,6 +176,7 @@ static _Atomic int signals_seen;     /* SIGINT/SIGTERM so far */
 static _Atomic int last_signal;
 static _Atomic int root_gone;        /* a worker's root died (SIGUSR2) */
 static _Atomic int children_exited;  /* the root got SIGCHLD */
+static _Atomic int restarts_asked;   /* the root got SIGUSR1 */
 static int wake_fd = -1;             /* eventfd the main thread polls */
 
 static void wake(void) {
@@ -163,6 +188,13 @@ static void wake(void) {
 static void on_root_gone(int sig) {
   int saved = errno;
   atomic_store(&root_gone, 1);
+  wake();
+  errno = saved;
+}
+
+static void on_restart(int sig) {
+  int saved = errno;
+  atomic_fetch_add(&restarts_asked, 1);
   wake();
   errno = saved;
 }
@@ -252,6 +284,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     cleanup(srv);
     return 1;
   }
+  lx_ipc_ready(srv);
   log_info("started: %zu lane%s, script %s", srv->nlanes,
            srv->nlanes == 1 ? "" : "s", srv->script);
 
@@ -323,6 +356,8 @@ static int worker_main(int index, int ipc_fd, void *arg) {
   return run_lanes(srv, ipc_fd);
 }
 
+static void root_ready(int sink, void *arg) { cluster_ready(arg, sink); }
+
 /* The root's wake-ups: signals to stop, workers that exited. */
 static void root_wake(void *arg) {
   cluster_t *c = arg;
@@ -331,6 +366,10 @@ static void root_wake(void *arg) {
   (void)r;
   static int handled;
   if (atomic_exchange(&children_exited, 0)) cluster_reap(c);
+  if (atomic_exchange(&restarts_asked, 0)) {
+    log_info("SIGUSR1: restarting the workers one at a time");
+    cluster_restart_all(c);
+  }
   int seen = atomic_load(&signals_seen);
   if (seen != handled) {
     log_info("%s: stopping the workers",
@@ -349,7 +388,7 @@ static int run_root(lx_server_t *srv) {
   /* The root lane's own post office (sink 0); messages between processes
    * are not routed yet. */
   srv->lanes = calloc(1, sizeof(*srv->lanes));
-  srv->ps = pubsub_new(1 + srv->nworkers, lx_root_deliver, srv);
+  srv->ps = pubsub_new(1 + 2 * srv->nworkers, lx_root_deliver, srv);
   if (!srv->lanes || !srv->ps || !lx_ipc_new_peers(srv)) {
     log_error("out of memory");
     return 1;
@@ -363,7 +402,8 @@ static int run_root(lx_server_t *srv) {
     return 1;
   }
   handle(SIGCHLD, on_child);
-  cluster_hooks_t hooks = {lx_ipc_worker_started, lx_ipc_worker_exited};
+  cluster_hooks_t hooks = {lx_ipc_worker_started, lx_ipc_worker_exited,
+                           lx_ipc_drain};
   cluster_t *c = cluster_new(root->r, srv->nworkers, srv->grace_ms,
                              worker_main, hooks, srv);
   reactor_watch_t *w = c ? reactor_watch(root->r, wake_fd, root_wake, c) : NULL;
@@ -378,6 +418,10 @@ static int run_root(lx_server_t *srv) {
   }
   handle(SIGINT, on_stop_signal);
   handle(SIGTERM, on_stop_signal);
+  handle(SIGUSR1, on_restart);
+  srv->ready_hook = root_ready;
+  srv->ready_arg = c;
+  cluster_set_max_memory(c, srv->max_memory);
   log_info("root started: %d workers of %zu lane%s, script %s", srv->nworkers,
            srv->threads, srv->threads == 1 ? "" : "s", srv->script);
   lx_lane_run(root);
@@ -396,7 +440,7 @@ static int run_root(lx_server_t *srv) {
 }
 
 int main(int argc, char **argv) {
-  options_t o = {.workers = 1, .threads = 1, .grace = 8};
+  options_t o = {.drain = 10, .workers = 1, .threads = 1, .grace = 8};
   int rc = parse_env(&o);
   if (rc) return rc - 1;
   int script = parse_args(argc, argv, &o);
@@ -415,6 +459,8 @@ int main(int argc, char **argv) {
   srv.argv = argv + script + 1;
   srv.nlanes = srv.threads = (size_t)o.threads;
   srv.nworkers = (int)o.workers;
+  srv.max_memory = (size_t)o.max_memory << 20;
+  srv.drain_ms = (uint64_t)(o.drain * 1000);
   srv.worker_index = srv.nworkers == 1 ? 1 : 0;
   srv.grace_ms = (uint64_t)(o.grace * 1000);
   pthread_mutex_init(&srv.listen_lock, NULL);

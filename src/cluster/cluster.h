@@ -17,11 +17,16 @@ typedef struct cluster cluster_t;
  * process's exit status. */
 typedef int (*cluster_worker_fn)(int index, int ipc_fd, void *arg);
 
-/* In the root: worker `index` started, and `ipc_fd` is the root's end of
- * its socketpair (the callee owns it from now on); or it exited. */
+/* In the root: a worker process started on post-office sink `sink` (its
+ * number, or its number + n while it replaces another), and `ipc_fd` is
+ * the root's end of its socketpair (the callee owns it from now on); or
+ * the process on `sink` exited. */
 typedef struct {
-  void (*started)(int index, int ipc_fd, void *arg);
-  void (*exited)(int index, void *arg);
+  void (*started)(int sink, int ipc_fd, void *arg);
+  void (*exited)(int sink, void *arg);
+  /* Asks the process on `sink` to stop accepting and finish its
+   * connections; false if it can't be told (then it gets SIGTERM). */
+  bool (*drain)(int sink, void *arg);
 } cluster_hooks_t;
 
 /* A cluster of `n` workers supervised from reactor `root`. NULL and errno
@@ -45,7 +50,20 @@ void cluster_reap(cluster_t *c);
  * is shut down. */
 void cluster_stop(cluster_t *c);
 
-/* Live workers. */
+/* Live worker processes (a worker being replaced counts twice). */
 int cluster_live(const cluster_t *c);
+
+/* Replaces worker `index` (1..n) gracefully: a new process starts on the
+ * same socket, and once it says it is ready (cluster_ready) the old one is
+ * told to stop, finishing its connections within the grace period. False
+ * when the worker is down, already being replaced, or we are stopping. */
+bool cluster_replace(cluster_t *c, int index, const char *why);
+/* Replaces every worker, one at a time (SIGUSR1). */
+void cluster_restart_all(cluster_t *c);
+/* The process on `sink` serves now. */
+void cluster_ready(cluster_t *c, int sink);
+/* Replaces a worker whose resident memory passes `bytes` (0: no limit);
+ * checked once a second. */
+void cluster_set_max_memory(cluster_t *c, size_t bytes);
 
 #endif

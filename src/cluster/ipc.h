@@ -19,6 +19,8 @@ enum ipc_type {
   IPC_PUNSUB,
   IPC_PUBLISH,   /* worker -> root: route a message (flags: scope, JSON) */
   IPC_DELIVER,   /* root -> worker: deliver a message to local subscribers */
+  IPC_READY,     /* worker -> root: every lane runs; it serves */
+  IPC_DRAIN,     /* root -> worker: stop accepting, finish, then exit */
 };
 
 /* Flags: the low bits carry the scope, bit 7 says the message is JSON. */

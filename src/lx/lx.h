@@ -86,9 +86,11 @@ struct lx_server {
   lx_lane_t **lanes;
   reactor_group_t group;
   uint64_t grace_ms;
+  uint64_t drain_ms; /* a replaced worker's time to finish (--drain-timeout) */
   pthread_mutex_t listen_lock;
   lx_shared_listener_t *listeners; /* guarded by listen_lock */
   int nworkers;     /* worker processes (1: no fork) */
+  size_t max_memory; /* bytes a worker may use before it is replaced */
   int worker_index; /* 1..nworkers in a worker; 0 in the root */
   bool root;         /* this process is the root of several workers */
   _Atomic int lanes_done;          /* lanes whose loop has returned */
@@ -97,7 +99,10 @@ struct lx_server {
   int ipc_fd;                /* a worker's socketpair end to the root, or -1 */
   pthread_mutex_t ipc_lock;  /* a worker's frames to the root, one at a time */
   ipc_reader_t ipc_reader;   /* a worker's frames from the root (main thread) */
-  struct lx_peer *peers;     /* the root's view of workers 1..nworkers */
+  struct lx_peer *peers;     /* the root's links to worker processes, by
+                                post-office sink (1..2 * nworkers) */
+  void (*ready_hook)(int sink, void *arg); /* root: a worker serves */
+  void *ready_arg;
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
 };
 
@@ -211,8 +216,11 @@ void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *srv);
  * root lane, others are workers), and the cluster's start/exit hooks. */
 void lx_ipc_feed(lx_server_t *srv, const char *data, size_t len);
 void lx_root_deliver(int sink, pubsub_msg_t *m, void *srv);
-void lx_ipc_worker_started(int index, int ipc_fd, void *srv);
-void lx_ipc_worker_exited(int index, void *srv);
+void lx_ipc_worker_started(int sink, int ipc_fd, void *srv);
+void lx_ipc_worker_exited(int sink, void *srv);
+bool lx_ipc_drain(int sink, void *srv);
+/* A worker: tells the root it serves. */
+void lx_ipc_ready(lx_server_t *srv);
 struct lx_peer *lx_ipc_new_peers(lx_server_t *srv);
 void lx_ipc_free_peers(lx_server_t *srv);
 

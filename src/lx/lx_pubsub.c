@@ -471,6 +471,13 @@ static void lx__from_root(int type, unsigned flags, const char *ch,
                           size_t clen, const char *msg, size_t mlen,
                           void *arg) {
   lx_server_t *srv = arg;
+  if (type == IPC_DRAIN) { /* replaced: finish, then exit */
+    log_info("worker %d (pid %d) was replaced; finishing its connections",
+             srv->worker_index, (int)getpid());
+    for (size_t i = 0; i < srv->nlanes; i++)
+      reactor_drain(srv->lanes[i]->r, srv->drain_ms, srv->grace_ms);
+    return;
+  }
   if (type != IPC_DELIVER) return;
   pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
                                    flags & IPC_JSON ? PUBSUB_JSON : 0);
@@ -515,6 +522,9 @@ static void lx__root_frame(int type, unsigned flags, const char *ch,
   case IPC_PUNSUB:
     pubsub_unsubscribe(srv->ps, p->index, ch, clen, type == IPC_PUNSUB);
     return;
+  case IPC_READY:
+    if (srv->ready_hook) srv->ready_hook(p->index, srv->ready_arg);
+    return;
   case IPC_PUBLISH: break;
   default: return;
   }
@@ -543,7 +553,7 @@ static void lx__peer_data(conn_t *c, const char *data, size_t len) {
   lx_peer_t *p = reactor_conn_service(c);
   if (ipc_reader_feed(&p->reader, data, len, lx__root_frame, lx__oversize, p))
     log_error("pub/sub: out of memory reading from worker %d; a frame is "
-              "lost", p->index);
+              "lost", (p->index - 1) % p->srv->nworkers + 1);
 }
 
 static void lx__peer_close(conn_t *c, int reason) {
@@ -580,16 +590,17 @@ void lx_root_deliver(int sink, pubsub_msg_t *m, void *arg) {
     /* Half a frame would corrupt the stream: the worker is too far behind
      * to be told anything more, so it is cut off and replaced. */
     log_error("pub/sub: worker %d is not keeping up (%zu bytes queued); "
-              "closing its link", sink, reactor_conn_pending(c));
+              "closing its link", (sink - 1) % srv->nworkers + 1,
+              reactor_conn_pending(c));
     reactor_conn_force_close(c, CONN_ERROR);
   }
 }
 
-void lx_ipc_worker_started(int index, int fd, void *arg) {
+void lx_ipc_worker_started(int sink, int fd, void *arg) {
   lx_server_t *srv = arg;
-  lx_peer_t *p = &srv->peers[index];
+  lx_peer_t *p = &srv->peers[sink];
   p->srv = srv;
-  p->index = index;
+  p->index = sink;
   p->uuid = 0;
   ipc_reader_deinit(&p->reader);
   ipc_reader_init(&p->reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
@@ -600,19 +611,37 @@ void lx_ipc_worker_started(int index, int fd, void *arg) {
   reactor_adopt(srv->lanes[0]->r, fd, &lx_peer_proto, p, opts);
 }
 
-void lx_ipc_worker_exited(int index, void *arg) {
+void lx_ipc_worker_exited(int sink, void *arg) {
   lx_server_t *srv = arg;
-  pubsub_clear_sink(srv->ps, index);
+  pubsub_clear_sink(srv->ps, sink);
+}
+
+bool lx_ipc_drain(int sink, void *arg) {
+  lx_server_t *srv = arg;
+  lx_peer_t *p = &srv->peers[sink];
+  conn_t *c = p->uuid ? reactor_conn_find(srv->lanes[0]->r, p->uuid) : NULL;
+  char hdr[IPC_HEADER];
+  ipc_header(hdr, IPC_DRAIN, 0, 0, 0);
+  return c && reactor_conn_write(c, hdr, sizeof(hdr)) == 0;
+}
+
+void lx_ipc_ready(lx_server_t *srv) {
+  if (srv->ipc_fd < 0) return;
+  pthread_mutex_lock(&srv->ipc_lock);
+  if (lx__ipc_send_locked(srv, IPC_READY, 0, "", 0, NULL, 0))
+    log_error("cannot reach the root process: %s", strerror(errno));
+  pthread_mutex_unlock(&srv->ipc_lock);
 }
 
 void lx_ipc_free_peers(lx_server_t *srv) {
   if (!srv->peers) return;
-  for (int i = 0; i <= srv->nworkers; i++) ipc_reader_deinit(&srv->peers[i].reader);
+  for (int i = 0; i <= 2 * srv->nworkers; i++)
+    ipc_reader_deinit(&srv->peers[i].reader);
   free(srv->peers);
   srv->peers = NULL;
 }
 
 lx_peer_t *lx_ipc_new_peers(lx_server_t *srv) {
-  srv->peers = calloc((size_t)srv->nworkers + 1, sizeof(*srv->peers));
+  srv->peers = calloc(2 * (size_t)srv->nworkers + 1, sizeof(*srv->peers));
   return srv->peers;
 }

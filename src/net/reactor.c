@@ -132,6 +132,9 @@ struct reactor {
   bool more_tasks;   /* a queue still had tasks after the last run */
   bool local_pushed; /* reactor_defer was called since the last run */
   bool stopping, stop_hook_done;
+  bool draining;
+  uint64_t drain_deadline;
+  _Atomic uint64_t drain_grace;
   uint64_t deadline;
   void (*stop_hook)(reactor_t *r, void *arg);
   void *stop_arg;
@@ -964,6 +967,23 @@ void reactor_shutdown(reactor_t *r, uint64_t grace_ms) {
   reactor_post(r, reactor__begin_shutdown, r, (void *)(uintptr_t)grace_ms);
 }
 
+static void reactor__begin_drain(void *a, void *b) {
+  reactor_t *r = a;
+  if (r->stopping || r->draining) return;
+  r->draining = true;
+  r->drain_deadline = r->now + (uint64_t)(uintptr_t)b;
+  for (listener_t *l = r->listeners; l; l = l->next) {
+    if (l->polled) poll_del(r->poller, l->fd);
+    l->polled = false;
+    timer_stop(&r->timers, &l->retry);
+  }
+}
+
+void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms) {
+  r->drain_grace = grace_ms; /* read on the loop thread after the post */
+  reactor_post(r, reactor__begin_drain, r, (void *)(uintptr_t)drain_ms);
+}
+
 static void reactor__event(reactor_t *r, poll_event_t *ev) {
   int kind = *(int *)ev->ptr;
   if (kind == KIND_MAILBOX) {
@@ -1039,6 +1059,11 @@ int reactor_run(reactor_t *r) {
     r->more_tasks |= defer_run(&r->local, 1024) == 1024;
     reactor__drain_pending(r);
     reactor__free_closed_listeners(r);
+    /* Draining: no new connections; once the open ones are gone, or at the
+     * drain deadline, a normal shutdown. */
+    if (r->draining && !r->stopping &&
+        (!r->live || r->now >= r->drain_deadline))
+      reactor__begin_shutdown(r, (void *)(uintptr_t)r->drain_grace);
     if (!r->stopping) continue;
     bool past = r->now >= r->deadline;
     if (past) {

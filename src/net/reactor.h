@@ -106,6 +106,11 @@ int reactor_defer(reactor_t *r, void (*fn)(void *a, void *b), void *a, void *b);
 void reactor_shutdown(reactor_t *r, uint64_t grace_ms);
 bool reactor_stopping(const reactor_t *r);
 
+/* Stops accepting and lets the open connections finish by themselves; when
+ * the last is gone, or after drain_ms, shuts down as reactor_shutdown does
+ * with grace_ms. Any thread. */
+void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms);
+
 /* The reactor's timer heap, for timer_start/timer_stop (reactor thread;
  * use reactor_now for `now`). */
 timer_heap_t *reactor_timers(reactor_t *r);
