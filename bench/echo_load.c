@@ -32,155 +32,15 @@
  * Build: gcc -O2 -o echo_load echo_load.c
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <arpa/inet.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
 
-/* ---- histogram --------------------------------------------------------- */
+#define BENCH_NAME "echo_load"
+#include "bench_common.h"
 
-#define SUB_BITS 7
-#define SUB (1u << SUB_BITS)
-#define NBUCKETS ((64 - SUB_BITS + 1) * SUB)
-
-static uint64_t hist[NBUCKETS];
-static uint64_t hist_n, hist_max;
-
-static unsigned bucket_of(uint64_t v)
-{
-    if (v < SUB)
-        return (unsigned)v;
-    int msb = 63 - __builtin_clzll(v);
-    int shift = msb - SUB_BITS;
-    return (unsigned)((shift + 1) * SUB + ((v >> shift) - SUB));
-}
-
-/* midpoint of the bucket's range */
-static uint64_t value_of(unsigned idx)
-{
-    if (idx < SUB)
-        return idx;
-    unsigned shift = idx / SUB - 1;
-    uint64_t lo = (uint64_t)(idx % SUB + SUB) << shift;
-    return lo + (((uint64_t)1 << shift) >> 1);
-}
-
-static void hist_add(uint64_t ns)
-{
-    hist[bucket_of(ns)]++;
-    hist_n++;
-    if (ns > hist_max)
-        hist_max = ns;
-}
-
-static void hist_reset(void)
-{
-    memset(hist, 0, sizeof hist);
-    hist_n = hist_max = 0;
-}
-
-static double hist_pct_us(double pct)
-{
-    if (hist_n == 0)
-        return 0;
-    uint64_t want = (uint64_t)((double)hist_n * pct / 100.0 + 0.5);
-    if (want < 1)
-        want = 1;
-    uint64_t seen = 0;
-    for (unsigned i = 0; i < NBUCKETS; i++) {
-        seen += hist[i];
-        if (seen >= want) {
-            uint64_t v = value_of(i);
-            return (double)(v > hist_max ? hist_max : v) / 1000.0;
-        }
-    }
-    return (double)hist_max / 1000.0;
-}
-
-/* ---- helpers ----------------------------------------------------------- */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "echo_load: %s: %s\n", what, strerror(errno));
-    exit(1);
-}
-
-/* utime + stime of a process, in clock ticks; -1 if unreadable */
-static long long proc_cpu_ticks(int pid)
-{
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* comm may contain spaces */
-    if (!p)
-        return -1;
-    p += 2; /* now at field 3 (state) */
-    unsigned long long ut = 0, st = 0;
-    /* fields 3..13 skipped, 14 = utime, 15 = stime */
-    if (sscanf(p, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
-               &ut, &st) != 2)
-        return -1;
-    return (long long)(ut + st);
-}
-
-/* this process's own CPU time, seconds */
-static double self_cpu_s(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
-/* busy clock ticks of the whole machine (all CPUs), from /proc/stat:
- * user + nice + system + irq + softirq + steal; -1 if unreadable */
-static long long machine_busy_ticks(void)
-{
-    char buf[512];
-    int fd = open("/proc/stat", O_RDONLY);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    unsigned long long v[8] = {0};
-    if (sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu %llu",
-               &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) < 7)
-        return -1;
-    return (long long)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
-}
-
-static volatile sig_atomic_t stop_flag;
-static void on_signal(int sig) { (void)sig; stop_flag = 1; }
+static hist_t hist;
 
 static void usage(void)
 {
@@ -375,28 +235,10 @@ int main(int argc, char **argv)
     if (seconds <= 0)
         usage();
 
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "echo_load: host must be an IPv4 address: %s\n", host);
-        return 2;
-    }
-
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        (rlim_t)nconns + 16 > rl.rlim_cur) {
-        fprintf(stderr, "echo_load: %d connections need more descriptors than "
-                "RLIMIT_NOFILE allows (%llu)\n", nconns, (unsigned long long)rl.rlim_cur);
-        return 1;
-    }
-
-    signal(SIGPIPE, SIG_IGN);
-    struct sigaction sact = { .sa_handler = on_signal };
-    sigaction(SIGINT, &sact, NULL);
-    sigaction(SIGTERM, &sact, NULL);
+    struct sockaddr_in sa;
+    int rc = bench_setup(host, port, nconns, "connections", &sa);
+    if (rc)
+        return rc;
 
     conns = calloc((size_t)nconns, sizeof *conns);
     if (!idle) {
@@ -447,7 +289,7 @@ int main(int argc, char **argv)
     long clk_tck = sysconf(_SC_CLK_TCK);
     long long cpu0 = -1, cpu1 = -1;
     double self0 = self_cpu_s();
-    long long busy0 = machine_busy_ticks(), busy1;
+    long long busy0 = machine_busy_ticks(NULL), busy1;
     uint64_t start = now_ns();
     uint64_t t_measure = start + (uint64_t)(warmup * 1e9);
     uint64_t t_end = t_measure + (uint64_t)(seconds * 1e9);
@@ -457,7 +299,7 @@ int main(int argc, char **argv)
     if (measuring) {
         t_measure = start;
         if (pid)
-            cpu0 = proc_cpu_ticks(pid);
+            cpu0 = proc_stat(pid, NULL, NULL);
     }
 
     for (int i = 0; i < nconns; i++) {
@@ -479,11 +321,11 @@ int main(int argc, char **argv)
             t_measure = now;
             t_end = now + (uint64_t)(seconds * 1e9);
             if (pid)
-                cpu0 = proc_cpu_ticks(pid);
+                cpu0 = proc_stat(pid, NULL, NULL);
             self0 = self_cpu_s();
-            busy0 = machine_busy_ticks();
+            busy0 = machine_busy_ticks(NULL);
             rt = 0;
-            hist_reset();
+            memset(&hist, 0, sizeof hist);
         }
         if (measuring && now >= t_end)
             break;
@@ -521,7 +363,7 @@ int main(int argc, char **argv)
                         }
                         if (measuring) {
                             rt++;
-                            hist_add(t - c->t0);
+                            hist_add(&hist, t - c->t0);
                         }
                         start_msg(c);
                         if (pump_write(c) < 0)
@@ -548,9 +390,9 @@ int main(int argc, char **argv)
         }
     }
     if (pid)
-        cpu1 = proc_cpu_ticks(pid);
+        cpu1 = proc_stat(pid, NULL, NULL);
     double self_cpu = self_cpu_s() - self0;
-    busy1 = machine_busy_ticks();
+    busy1 = machine_busy_ticks(NULL);
     double secs = (double)(now - t_measure) / 1e9;
     if (!measuring || secs <= 0)
         secs = 1e-9;
@@ -559,8 +401,8 @@ int main(int argc, char **argv)
     printf("rt=%llu secs=%.3f rps=%.1f p50_us=%.1f p90_us=%.1f p99_us=%.1f "
            "p999_us=%.1f max_us=%.1f errors=%llu mismatches=%llu conns=%d msg=%zu "
            "client_cpu_pct=%.0f client_cpu_s=%.3f machine_busy_ticks=%lld",
-           (unsigned long long)rt, secs, rps, hist_pct_us(50), hist_pct_us(90),
-           hist_pct_us(99), hist_pct_us(99.9), (double)hist_max / 1000.0,
+           (unsigned long long)rt, secs, rps, hist_pct_us(&hist, 50), hist_pct_us(&hist, 90),
+           hist_pct_us(&hist, 99), hist_pct_us(&hist, 99.9), (double)hist.max / 1000.0,
            (unsigned long long)errors, (unsigned long long)mismatches, nconns, msg_size,
            100.0 * self_cpu / secs, self_cpu,
            (busy0 >= 0 && busy1 >= 0) ? busy1 - busy0 : -1LL);
@@ -570,8 +412,8 @@ int main(int argc, char **argv)
     printf("\n");
     fprintf(stderr, "echo_load: %d conns x %zu B, %.2f s: %llu round trips, %.0f rt/s, "
             "p50 %.1f us, p99 %.1f us, max %.1f us, errors %llu\n",
-            nconns, msg_size, secs, (unsigned long long)rt, rps, hist_pct_us(50),
-            hist_pct_us(99), (double)hist_max / 1000.0, (unsigned long long)errors);
+            nconns, msg_size, secs, (unsigned long long)rt, rps, hist_pct_us(&hist, 50),
+            hist_pct_us(&hist, 99), (double)hist.max / 1000.0, (unsigned long long)errors);
     for (int i = 0; i < nconns; i++)
         if (conns[i].fd >= 0)
             close(conns[i].fd);

@@ -61,129 +61,15 @@
  * Build: gcc -O2 -o pubsub_load pubsub_load.c
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
 
-/* ---- histogram --------------------------------------------------------- */
-
-#define SUB_BITS 7
-#define SUB (1u << SUB_BITS)
-#define NBUCKETS ((64 - SUB_BITS + 1) * SUB)
-
-typedef struct {
-    uint64_t b[NBUCKETS];
-    uint64_t n, max;
-} hist_t;
-
-static unsigned bucket_of(uint64_t v)
-{
-    if (v < SUB)
-        return (unsigned)v;
-    int msb = 63 - __builtin_clzll(v);
-    int shift = msb - SUB_BITS;
-    return (unsigned)((shift + 1) * SUB + ((v >> shift) - SUB));
-}
-
-/* midpoint of the bucket's range */
-static uint64_t value_of(unsigned idx)
-{
-    if (idx < SUB)
-        return idx;
-    unsigned shift = idx / SUB - 1;
-    uint64_t lo = (uint64_t)(idx % SUB + SUB) << shift;
-    return lo + (((uint64_t)1 << shift) >> 1);
-}
-
-static void hist_add(hist_t *h, uint64_t ns)
-{
-    h->b[bucket_of(ns)]++;
-    h->n++;
-    if (ns > h->max)
-        h->max = ns;
-}
-
-static double hist_pct_us(const hist_t *h, double pct)
-{
-    if (h->n == 0)
-        return 0;
-    uint64_t want = (uint64_t)((double)h->n * pct / 100.0 + 0.5);
-    if (want < 1)
-        want = 1;
-    uint64_t seen = 0;
-    for (unsigned i = 0; i < NBUCKETS; i++) {
-        seen += h->b[i];
-        if (seen >= want) {
-            uint64_t v = value_of(i);
-            return (double)(v > h->max ? h->max : v) / 1000.0;
-        }
-    }
-    return (double)h->max / 1000.0;
-}
-
-/* ---- helpers ----------------------------------------------------------- */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "pubsub_load: %s: %s\n", what, strerror(errno));
-    exit(1);
-}
-
-/* utime + stime (clock ticks), parent pid and whether it is a ksoftirqd
- * kernel thread, of a process; -1 if unreadable */
-static long long proc_stat(int pid, int *ppid, int *ksoftirqd)
-{
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* comm may contain spaces */
-    if (!p)
-        return -1;
-    if (ksoftirqd) {
-        char *comm = strchr(buf, '(');
-        *ksoftirqd = comm && strncmp(comm + 1, "ksoftirqd/", 10) == 0;
-    }
-    p += 2; /* now at field 3 (state) */
-    int pp = 0;
-    unsigned long long ut = 0, st = 0;
-    /* 4 = ppid, 5..13 skipped, 14 = utime, 15 = stime */
-    if (sscanf(p, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
-               &pp, &ut, &st) != 3)
-        return -1;
-    if (ppid)
-        *ppid = pp;
-    return (long long)(ut + st);
-}
+#define BENCH_NAME "pubsub_load"
+#include "bench_common.h"
 
 #define MAX_PROCS 64
 
@@ -238,41 +124,6 @@ static int same_procs(const int *a, int na, const int *b, int nb)
     }
     return 1;
 }
-
-/* this process's own CPU time, seconds */
-static double self_cpu_s(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
-/* busy clock ticks of the whole machine (all CPUs), from /proc/stat:
- * user + nice + system + irq + softirq + steal; -1 if unreadable. The
- * softirq share (network receive processing, which /proc/PID/stat does not
- * charge to the process that caused it) goes to *softirq. */
-static long long machine_busy_ticks(long long *softirq)
-{
-    char buf[512];
-    int fd = open("/proc/stat", O_RDONLY);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    unsigned long long v[8] = {0};
-    if (sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu %llu",
-               &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) < 7)
-        return -1;
-    *softirq = (long long)v[6];
-    return (long long)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
-}
-
-static volatile sig_atomic_t stop_flag;
-static void on_signal(int sig) { (void)sig; stop_flag = 1; }
 
 static void usage(void)
 {
@@ -681,28 +532,10 @@ int main(int argc, char **argv)
         msg_size < 16 || msg_size > 1024 || want_workers < 0)
         usage();
 
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "pubsub_load: host must be an IPv4 address: %s\n", host);
-        return 2;
-    }
-
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        (rlim_t)nsubs + 16 > rl.rlim_cur) {
-        fprintf(stderr, "pubsub_load: %d subscribers need more descriptors than "
-                "RLIMIT_NOFILE allows (%llu)\n", nsubs, (unsigned long long)rl.rlim_cur);
-        return 1;
-    }
-
-    signal(SIGPIPE, SIG_IGN);
-    struct sigaction sact = { .sa_handler = on_signal };
-    sigaction(SIGINT, &sact, NULL);
-    sigaction(SIGTERM, &sact, NULL);
+    struct sockaddr_in sa;
+    int rc = bench_setup(host, port, nsubs, "subscribers", &sa);
+    if (rc)
+        return rc;
 
     subs = calloc((size_t)nsubs, sizeof *subs);
     char *parts = malloc((size_t)nsubs * MAX_LINE);
