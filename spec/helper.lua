@@ -507,6 +507,60 @@ function Server:listens_on(port)
   return false
 end
 
+---------------------------------------------------------------------------
+-- Processes (/proc)
+---------------------------------------------------------------------------
+
+--- State letter and ppid of `pid`, or nil if there is no such process.
+function H.proc_stat(pid)
+  local s = H.read_file("/proc/" .. pid .. "/stat")
+  if not s then return nil end
+  local state, ppid = s:match("^%d+ %(.*%) (%a) (%-?%d+)")
+  return state, tonumber(ppid)
+end
+
+--- Running (a zombie counts as gone: it holds no sockets, serves nothing).
+function H.running(pid)
+  local st = H.proc_stat(pid)
+  return st ~= nil and st ~= "Z" and st ~= "X"
+end
+
+--- Every pid in /proc.
+function H.all_pids()
+  local t = {}
+  for name in lfs.dir("/proc") do
+    local pid = tonumber(name)
+    if pid then t[#t + 1] = pid end
+  end
+  return t
+end
+
+--- Running children of `ppid`, sorted.
+function H.children(ppid)
+  local t = {}
+  for _, pid in ipairs(H.all_pids()) do
+    local st, pp = H.proc_stat(pid)
+    if pp == ppid and st ~= "Z" and st ~= "X" then t[#t + 1] = pid end
+  end
+  table.sort(t)
+  return t
+end
+
+--- The command line of `pid` with NULs as spaces, or nil.
+function H.cmdline(pid)
+  local s = H.read_file("/proc/" .. pid .. "/cmdline")
+  return s and (s:gsub("%z", " "))
+end
+
+--- Checks stderr is exactly one line starting "moonport: " and returns it.
+local assert = require "luassert"
+function H.one_line(stderr)
+  local lines = H.lines(stderr)
+  assert.equal(1, #lines, "expected one line on stderr, got:\n" .. stderr)
+  assert.equal("moonport: ", lines[1]:sub(1, 10), "stderr: " .. stderr)
+  return lines[1]
+end
+
 --- True if process `pid` (any process, e.g. a server's child) holds a
 --- socket listening on TCP `port`.
 function H.pid_listens_on(pid, port)

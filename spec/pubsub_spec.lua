@@ -9,7 +9,6 @@
 -- (start-up mp.subscribe in every lane, the root's included).
 local H = require "spec.helper"
 local ffi = require "ffi"     -- kill(2) is declared by spec/helper.lua
-local lfs = require "lfs"
 
 local FIXTURE = "pubsub_node.lua"
 
@@ -17,36 +16,8 @@ local FIXTURE = "pubsub_node.lua"
 -- /proc helpers
 ---------------------------------------------------------------------------
 
-local function proc_stat(pid)
-  local s = H.read_file("/proc/" .. pid .. "/stat")
-  if not s then return nil end
-  local state, ppid = s:match("^%d+ %(.*%) (%a) (%-?%d+)")
-  return state, tonumber(ppid)
-end
-
-local function running(pid)
-  local st = proc_stat(pid)
-  return st ~= nil and st ~= "Z" and st ~= "X"
-end
-
--- Running children of `ppid`, sorted.
-local function children(ppid)
-  local t = {}
-  for name in lfs.dir("/proc") do
-    local pid = tonumber(name)
-    if pid then
-      local st, pp = proc_stat(pid)
-      if pp == ppid and st ~= "Z" and st ~= "X" then t[#t + 1] = pid end
-    end
-  end
-  table.sort(t)
-  return t
-end
-
-local function cmdline(pid)
-  local s = H.read_file("/proc/" .. pid .. "/cmdline")
-  return s and (s:gsub("%z", " "))
-end
+local proc_stat, running, children, cmdline =
+  H.proc_stat, H.running, H.children, H.cmdline
 
 -- A counter of /proc/<pid>/io ("wchar": bytes the process passed to
 -- write(2) and writev(2), which is how the root sends frames to workers),

@@ -3,21 +3,8 @@
 -- --max-memory replaces a worker that grows past the limit.
 local H = require "spec.helper"
 local ffi = require "ffi"
-local lfs = require "lfs"
 
-local function children(ppid)
-  local t = {}
-  for name in lfs.dir("/proc") do
-    local pid = tonumber(name)
-    local s = pid and H.read_file("/proc/" .. pid .. "/stat")
-    if s then
-      local st, pp = s:match("^%d+ %(.*%) (%a) (%-?%d+)")
-      if tonumber(pp) == ppid and st ~= "Z" and st ~= "X" then t[#t + 1] = pid end
-    end
-  end
-  table.sort(t)
-  return t
-end
+local children = H.children
 
 -- One request on a fresh connection; the pid that answered, or nil, err.
 local function ask(port)

@@ -4,13 +4,7 @@
 local H = require "spec.helper"
 local socket = require "socket"
 
--- Checks stderr is exactly one line starting "moonport: " and returns it.
-local function one_line(stderr)
-  local lines = H.lines(stderr)
-  assert.equal(1, #lines, "expected one line on stderr, got:\n" .. stderr)
-  assert.equal("moonport: ", lines[1]:sub(1, 10), "stderr: " .. stderr)
-  return lines[1]
-end
+local one_line = H.one_line
 
 local function plain(hay, needle)
   return hay:find(needle, 1, true) ~= nil

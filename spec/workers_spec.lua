@@ -5,51 +5,14 @@
 -- worker down gracefully; startup errors happen before any fork.
 local H = require "spec.helper"
 local ffi = require "ffi"     -- kill(2) is declared by spec/helper.lua
-local lfs = require "lfs"
 local socket = require "socket"
 
 ---------------------------------------------------------------------------
 -- /proc helpers
 ---------------------------------------------------------------------------
 
--- State letter and ppid of `pid`, or nil if there is no such process.
-local function proc_stat(pid)
-  local s = H.read_file("/proc/" .. pid .. "/stat")
-  if not s then return nil end
-  local state, ppid = s:match("^%d+ %(.*%) (%a) (%-?%d+)")
-  return state, tonumber(ppid)
-end
-
--- Running (a zombie counts as gone: it holds no sockets and serves nothing).
-local function running(pid)
-  local st = proc_stat(pid)
-  return st ~= nil and st ~= "Z" and st ~= "X"
-end
-
-local function all_pids()
-  local t = {}
-  for name in lfs.dir("/proc") do
-    local pid = tonumber(name)
-    if pid then t[#t + 1] = pid end
-  end
-  return t
-end
-
--- Running children of `ppid`, sorted.
-local function children(ppid)
-  local t = {}
-  for _, pid in ipairs(all_pids()) do
-    local st, pp = proc_stat(pid)
-    if pp == ppid and st ~= "Z" and st ~= "X" then t[#t + 1] = pid end
-  end
-  table.sort(t)
-  return t
-end
-
-local function cmdline(pid)
-  local s = H.read_file("/proc/" .. pid .. "/cmdline")
-  return s and (s:gsub("%z", " "))
-end
+local proc_stat, running, all_pids, children, cmdline =
+  H.proc_stat, H.running, H.all_pids, H.children, H.cmdline
 
 -- Running processes whose command line runs a workers_* fixture on `port`
 -- (the root and its workers, whether or not they were re-executed).
@@ -460,12 +423,7 @@ describe("workers", function()
   end
 
   describe("startup errors with -w 2 happen before any fork", function()
-    local function one_line(stderr)
-      local lines = H.lines(stderr)
-      assert.equal(1, #lines, "expected one line on stderr, got:\n" .. stderr)
-      assert.equal("moonport: ", lines[1]:sub(1, 10), "stderr: " .. stderr)
-      return lines[1]
-    end
+    local one_line = H.one_line
 
     local function run_w2(script, port)
       local st, out, err, how = H.run { "-w", 2, H.fixture(script), port }
