@@ -266,7 +266,14 @@ local function build_env(overrides)
     if k then env[k] = kv:sub(#k + 2) end
     i = i + 1
   end
-  for k, v in pairs(overrides or {}) do
+  -- One process unless a spec asks for workers (the binary's default is
+  -- a worker per core); { MOONPORT_WORKERS = false } gets the default.
+  overrides = overrides or {}
+  if overrides.MOONPORT_WORKERS == nil and env.MOONPORT_WORKERS == nil then
+    order[#order + 1] = "MOONPORT_WORKERS"
+    env.MOONPORT_WORKERS = "1"
+  end
+  for k, v in pairs(overrides) do
     if env[k] == nil and v then order[#order + 1] = k end
     env[k] = v and tostring(v) or nil
   end

@@ -1,7 +1,11 @@
 /* main: the command line; starts the lanes and turns signals into a
  * graceful shutdown. */
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/inotify.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/eventfd.h>
@@ -22,14 +26,23 @@
 
 static const char usage[] =
     "usage: moonport [options] script.lua [script args...]\n"
+    "       moonport --reload PIDFILE\n"
     "\n"
     "Runs a Lua script that serves TCP and Unix sockets (see docs/API.md).\n"
     "\n"
     "options (environment variable in brackets):\n"
     "  -w, --workers N   worker processes; with more than one, a root\n"
-    "                    process supervises them (1) [MOONPORT_WORKERS]\n"
+    "                    process supervises them (the number of CPU cores;\n"
+    "                    1: one process, no fork) [MOONPORT_WORKERS]\n"
+    "  --pidfile PATH    write the root's pid to PATH\n"
+    "  --reload PIDFILE  ask the server with that pid file to reload its\n"
+    "                    script (as kill -HUP does), then exit\n"
+    "  --watch           reload when a .lua file in the script's folder\n"
+    "                    is saved\n"
     "  --drain-timeout SEC  a replaced worker's time to finish its\n"
     "                    connections (10) [MOONPORT_DRAIN_TIMEOUT]\n"
+    "  --lua-timeout SEC replace a worker whose Lua callback runs longer\n"
+    "                    (30; 0: never) [MOONPORT_LUA_TIMEOUT]\n"
     "  --max-memory MB   replace a worker whose resident memory passes MB\n"
     "                    (0: no limit) [MOONPORT_MAX_MEMORY]\n"
     "  -t, --threads N   lanes per process: threads, each with its own Lua\n"
@@ -42,6 +55,10 @@ static const char usage[] =
 
 typedef struct {
   double drain;    /* seconds a replaced worker has to finish */
+  double lua_timeout; /* seconds a callback may run; 0: no watchdog */
+  const char *pidfile;
+  const char *reload;  /* --reload PIDFILE */
+  bool watch;
   long max_memory; /* MB, 0: none */
   long workers;
   long threads;
@@ -81,6 +98,9 @@ static int parse_env(options_t *o) {
   if ((v = getenv("MOONPORT_DRAIN_TIMEOUT")) && *v &&
       !parse_double(v, 0, 86400, &o->drain))
     return 1 + usage_error("MOONPORT_DRAIN_TIMEOUT must be 0 to 86400 seconds, not '%s'", v);
+  if ((v = getenv("MOONPORT_LUA_TIMEOUT")) && *v &&
+      !parse_double(v, 0, 86400, &o->lua_timeout))
+    return 1 + usage_error("MOONPORT_LUA_TIMEOUT must be 0 to 86400 seconds, not '%s'", v);
   if ((v = getenv("MOONPORT_MAX_MEMORY")) && *v &&
       !parse_long(v, 0, 1 << 20, &o->max_memory))
     return 1 + usage_error("MOONPORT_MAX_MEMORY must be 0 to 1048576 MB, not '%s'", v);
@@ -133,6 +153,20 @@ static int parse_args(int argc, char **argv, options_t *o) {
       if (!v) return -usage_error("%s needs seconds", a) - 1;
       if (!parse_double(v, 0, 86400, &o->drain))
         return -usage_error("--drain-timeout must be 0 to 86400 seconds, not '%s'", v) - 1;
+    } else if (strncmp(a, "--lua-timeout", 13) == 0) {
+      if (a[13] && a[13] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, 13);
+      if (!v) return -usage_error("%s needs seconds", a) - 1;
+      if (!parse_double(v, 0, 86400, &o->lua_timeout))
+        return -usage_error("--lua-timeout must be 0 to 86400 seconds, not '%s'", v) - 1;
+    } else if (strncmp(a, "--pidfile", 9) == 0 || strncmp(a, "--reload", 8) == 0) {
+      size_t skip = a[2] == 'p' ? 9 : 8;
+      if (a[skip] && a[skip] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, skip);
+      if (!v || !*v) return -usage_error("%s needs a file name", a) - 1;
+      *(skip == 9 ? &o->pidfile : &o->reload) = v;
+    } else if (strcmp(a, "--watch") == 0) {
+      o->watch = true;
     } else if (strncmp(a, "--max-memory", 12) == 0) {
       if (a[12] && a[12] != '=') return -usage_error("unknown option '%s'", a) - 1;
       v = opt_value(argc, argv, &i, a, 12);
@@ -164,6 +198,7 @@ static int parse_args(int argc, char **argv, options_t *o) {
       return -usage_error("unknown option '%s'", a) - 1;
     }
   }
+  if (o->reload) return i;
   if (i >= argc) return -usage_error("%s", "no script given") - 1;
   return i;
 }
@@ -177,6 +212,7 @@ static _Atomic int last_signal;
 static _Atomic int root_gone;        /* a worker's root died (SIGUSR2) */
 static _Atomic int children_exited;  /* the root got SIGCHLD */
 static _Atomic int restarts_asked;   /* the root got SIGUSR1 */
+static _Atomic int reloads_asked;    /* SIGHUP */
 static int wake_fd = -1;             /* eventfd the main thread polls */
 
 static void wake(void) {
@@ -195,6 +231,13 @@ static void on_root_gone(int sig) {
 static void on_restart(int sig) {
   int saved = errno;
   atomic_fetch_add(&restarts_asked, 1);
+  wake();
+  errno = saved;
+}
+
+static void on_reload(int sig) {
+  int saved = errno;
+  atomic_fetch_add(&reloads_asked, 1);
   wake();
   errno = saved;
 }
@@ -221,6 +264,68 @@ static void handle(int sig, void (*fn)(int)) {
   struct sigaction sa = {.sa_handler = fn, .sa_flags = SA_RESTART};
   sigemptyset(&sa.sa_mask);
   sigaction(sig, &sa, NULL);
+}
+
+/* ---- the pid file ---- */
+
+static const char *pidfile;
+
+/* Writes our pid to the pid file (through a temporary file and a rename,
+ * so a reader never sees half of it). */
+static int pidfile_write(void) {
+  if (!pidfile) return 0;
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", pidfile, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
+      rename(tmp, pidfile) != 0) {
+    log_error("cannot write the pid file %s: %s", pidfile, strerror(errno));
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+/* Reads the pid in `path`: > 0, or 0 with a message in err. */
+static pid_t pidfile_read(const char *path, char *err, size_t len) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, len, "cannot read %s: %s", path, strerror(errno));
+    return 0;
+  }
+  long pid = 0;
+  int got = fscanf(f, "%ld", &pid);
+  fclose(f);
+  if (got != 1 || pid <= 0 || pid > 1 << 22) {
+    snprintf(err, len, "%s holds no pid", path);
+    return 0;
+  }
+  return (pid_t)pid;
+}
+
+/* Removes the pid file if it is still ours. */
+static void pidfile_remove(void) {
+  char err[256];
+  if (pidfile && pidfile_read(pidfile, err, sizeof(err)) == getpid())
+    unlink(pidfile);
+}
+
+/* moonport --reload PIDFILE */
+static int reload_other(const char *path) {
+  char err[4200];
+  pid_t pid = pidfile_read(path, err, sizeof(err));
+  if (!pid) {
+    fprintf(stderr, "moonport: %s\n", err);
+    return 1;
+  }
+  if (kill(pid, SIGHUP) != 0) {
+    fprintf(stderr, "moonport: cannot signal pid %d (from %s): %s\n",
+            (int)pid, path, strerror(errno));
+    return 1;
+  }
+  printf("moonport: asked pid %d to reload; its log says how it went\n",
+         (int)pid);
+  return 0;
 }
 
 static void lane_thread(void *arg, size_t index) {
@@ -265,7 +370,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
    * script that fails anywhere stops start-up with one line. */
   for (size_t i = 0; i < srv->nlanes; i++) {
     char err[1024];
-    srv->lanes[i] = lx_lane_new(srv, (int)i, false, err, sizeof(err));
+    srv->lanes[i] = lx_lane_new(srv, (int)i, false, NULL, err, sizeof(err));
     if (!srv->lanes[i]) {
       log_error("%s", err);
       cleanup(srv);
@@ -277,7 +382,10 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
    * level can be interrupted); from now on it starts a shutdown. */
   handle(SIGINT, on_stop_signal);
   handle(SIGTERM, on_stop_signal);
-  if (ipc_fd >= 0) handle(SIGUSR2, on_root_gone);
+  if (ipc_fd >= 0)
+    handle(SIGUSR2, on_root_gone);
+  else
+    handle(SIGHUP, on_reload);
   defer_pool_t *pool = defer_pool_new(srv->nlanes, lane_thread, srv);
   if (!pool) {
     log_error("cannot start %zu threads: %s", srv->nlanes, strerror(errno));
@@ -287,6 +395,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
   lx_ipc_ready(srv);
   log_info("started: %zu lane%s, script %s", srv->nlanes,
            srv->nlanes == 1 ? "" : "s", srv->script);
+  if (ipc_fd < 0) pidfile_write();
 
   int handled = 0;
   bool orphan = false;
@@ -297,6 +406,10 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     uint64_t v;
     ssize_t r = read(wake_fd, &v, sizeof(v));
     (void)r;
+    lx_ipc_watchdog(srv);
+    if (atomic_exchange(&reloads_asked, 0))
+      log_warn("SIGHUP: reloading needs worker processes (-w 2 or more: "
+               "reload replaces them); nothing changed");
     /* Frames from the root; EOF means it is gone. */
     bool eof = false;
     while (ipc_fd >= 0 && p[1].revents) {
@@ -330,6 +443,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
   }
   defer_pool_join(pool);
   cleanup(srv);
+  if (ipc_fd < 0) pidfile_remove();
   log_info("stopped");
   return 0;
 }
@@ -350,17 +464,96 @@ static int worker_main(int index, int ipc_fd, void *arg) {
   atomic_store(&children_exited, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
+  signal(SIGHUP, SIG_DFL);
+  pidfile = NULL; /* the root's */
   if (srv->wake_fd >= 0) close(srv->wake_fd);
   if (new_wake_fd(srv)) return 1;
   lx_server_after_fork(srv);
   return run_lanes(srv, ipc_fd);
 }
 
-static void root_ready(int sink, void *arg) { cluster_ready(arg, sink); }
+/* What workers tell the root about themselves. */
+static void root_news(int type, int sink, const char *msg, size_t len,
+                      void *arg) {
+  cluster_t *c = arg;
+  if (type == IPC_READY) {
+    cluster_ready(c, sink);
+  } else if (type == IPC_BEAT) {
+    cluster_beat(c, sink);
+  } else if (type == IPC_STUCK) {
+    char why[256];
+    snprintf(why, sizeof(why), "%.*s", (int)(len < 200 ? len : 200), msg);
+    cluster_stuck(c, sink, why);
+  }
+}
+
+typedef struct {
+  lx_server_t *srv;
+  cluster_t *c;
+  int inotify;   /* --watch, or -1 */
+  char *base;    /* the script's file name */
+  mp_timer_t debounce;
+} root_t;
+
+/* Loads the script anew in the root lane; if that works, the workers are
+ * replaced one at a time by processes that load it too. */
+static void root_reload(root_t *rt, const char *why) {
+  char err[1024];
+  log_warn("%s: reloading %s", why, rt->srv->script);
+  if (!lx_lane_reload_root(rt->srv, err, sizeof(err))) {
+    log_error("reload failed; the old code keeps serving: %s", err);
+    return;
+  }
+  cluster_roll(rt->c, "reload");
+}
+
+static void root_debounced(mp_timer_t *t) { root_reload(t->udata, "--watch"); }
+
+/* --watch: a .lua file in the script's folder was written, moved in or
+ * removed. Editors save in bursts, so the reload waits for 300 ms of
+ * quiet. */
+static void root_inotify(void *arg) {
+  root_t *rt = arg;
+  char buf[8192] __attribute__((aligned(__alignof__(struct inotify_event))));
+  bool hit = false;
+  ssize_t n;
+  while ((n = read(rt->inotify, buf, sizeof(buf))) > 0) {
+    for (char *p = buf; p < buf + n;) {
+      struct inotify_event *ev = (struct inotify_event *)p;
+      size_t l = ev->len ? strlen(ev->name) : 0;
+      if (l > 4 && strcmp(ev->name + l - 4, ".lua") == 0 && ev->name[0] != '.')
+        hit = true;
+      p += sizeof(*ev) + ev->len;
+    }
+  }
+  if (!hit) return;
+  reactor_t *r = rt->srv->lanes[0]->r;
+  timer_stop(reactor_timers(r), &rt->debounce);
+  timer_start(reactor_timers(r), &rt->debounce, reactor_now(r), 300, 0, 1,
+              root_debounced, NULL, rt);
+}
+
+static int root_watch(root_t *rt) {
+  char *copy = strdup(rt->srv->script);
+  rt->inotify = copy ? inotify_init1(IN_NONBLOCK | IN_CLOEXEC) : -1;
+  int wd = rt->inotify >= 0
+               ? inotify_add_watch(rt->inotify, dirname(copy),
+                                   IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE)
+               : -1;
+  int e = errno;
+  free(copy);
+  if (wd < 0 ||
+      !reactor_watch(rt->srv->lanes[0]->r, rt->inotify, root_inotify, rt)) {
+    log_error("--watch: cannot watch the script's folder: %s", strerror(e));
+    return -1;
+  }
+  return 0;
+}
 
 /* The root's wake-ups: signals to stop, workers that exited. */
 static void root_wake(void *arg) {
-  cluster_t *c = arg;
+  root_t *rt = arg;
+  cluster_t *c = rt->c;
   uint64_t v;
   ssize_t r = read(wake_fd, &v, sizeof(v));
   (void)r;
@@ -368,8 +561,9 @@ static void root_wake(void *arg) {
   if (atomic_exchange(&children_exited, 0)) cluster_reap(c);
   if (atomic_exchange(&restarts_asked, 0)) {
     log_info("SIGUSR1: restarting the workers one at a time");
-    cluster_restart_all(c);
+    cluster_roll(c, "rolling restart");
   }
+  if (atomic_exchange(&reloads_asked, 0)) root_reload(rt, "SIGHUP");
   int seen = atomic_load(&signals_seen);
   if (seen != handled) {
     log_info("%s: stopping the workers",
@@ -382,18 +576,19 @@ static void root_wake(void *arg) {
 /* Several workers: this process is the root. It runs the script in a root
  * lane (which opens the listening sockets), forks the workers, supervises
  * them, and serves no connection itself. */
-static int run_root(lx_server_t *srv) {
+static int run_root(lx_server_t *srv, bool watch) {
   char err[1024];
   srv->root = true;
   /* The root lane's own post office (sink 0); messages between processes
    * are not routed yet. */
   srv->lanes = calloc(1, sizeof(*srv->lanes));
-  srv->ps = pubsub_new(1 + 2 * srv->nworkers, lx_root_deliver, srv);
+  srv->ps = pubsub_new(CLUSTER_SINKS(srv->nworkers), lx_root_deliver, srv);
   if (!srv->lanes || !srv->ps || !lx_ipc_new_peers(srv)) {
     log_error("out of memory");
     return 1;
   }
-  lx_lane_t *root = srv->lanes[0] = lx_lane_new(srv, 0, true, err, sizeof(err));
+  lx_lane_t *root = srv->lanes[0] =
+      lx_lane_new(srv, 0, true, NULL, err, sizeof(err));
   if (!root) {
     log_error("%s", err);
     pubsub_free(srv->ps);
@@ -404,14 +599,24 @@ static int run_root(lx_server_t *srv) {
   handle(SIGCHLD, on_child);
   cluster_hooks_t hooks = {lx_ipc_worker_started, lx_ipc_worker_exited,
                            lx_ipc_drain};
-  cluster_t *c = cluster_new(root->r, srv->nworkers, srv->grace_ms,
-                             worker_main, hooks, srv);
-  reactor_watch_t *w = c ? reactor_watch(root->r, wake_fd, root_wake, c) : NULL;
-  int rc = w ? cluster_start(c) : -ENOMEM;
+  root_t rt = {.srv = srv, .inotify = -1};
+  timer_init(&rt.debounce);
+  cluster_t *c = rt.c = cluster_new(root->r, srv->nworkers, srv->grace_ms,
+                                    worker_main, hooks, srv);
+  reactor_watch_t *w = c ? reactor_watch(root->r, wake_fd, root_wake, &rt) : NULL;
+  int rc = w ? 0 : -ENOMEM;
+  if (c) {
+    cluster_set_limits(c, srv->max_memory, srv->lua_timeout_ms, srv->drain_ms);
+    srv->worker_news = root_news;
+    srv->news_arg = c;
+  }
+  if (!rc && watch && root_watch(&rt)) rc = -1;
+  if (!rc) rc = cluster_start(c);
   if (rc) {
-    log_error("cannot start the workers: %s", strerror(-rc));
+    if (rc != -1) log_error("cannot start the workers: %s", strerror(-rc));
     cluster_free(c);
     lx_lane_free(root);
+    if (rt.inotify >= 0) close(rt.inotify);
     pubsub_free(srv->ps);
     lx_server_close_listeners(srv);
     return 1;
@@ -419,15 +624,18 @@ static int run_root(lx_server_t *srv) {
   handle(SIGINT, on_stop_signal);
   handle(SIGTERM, on_stop_signal);
   handle(SIGUSR1, on_restart);
-  srv->ready_hook = root_ready;
-  srv->ready_arg = c;
-  cluster_set_max_memory(c, srv->max_memory);
+  handle(SIGHUP, on_reload);
+  pidfile_write();
   log_info("root started: %d workers of %zu lane%s, script %s", srv->nworkers,
            srv->threads, srv->threads == 1 ? "" : "s", srv->script);
   lx_lane_run(root);
   /* The loop ends once every worker is gone (cluster_stop). */
   cluster_free(c);
-  lx_lane_free(root);
+  srv->exiting = true;
+  lx_lane_free(srv->lanes[0]); /* the current one: it owns the reactor */
+  lx_lane_free_retired(srv);
+  if (rt.inotify >= 0) close(rt.inotify);
+  pidfile_remove();
   pubsub_free(srv->ps);
   lx_ipc_free_peers(srv);
   free(srv->lanes);
@@ -439,13 +647,28 @@ static int run_root(lx_server_t *srv) {
   return 0;
 }
 
+/* CPUs this process may run on (taskset and cgroups' cpusets count). */
+static long cpu_count(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
+}
+
 int main(int argc, char **argv) {
-  options_t o = {.drain = 10, .workers = 1, .threads = 1, .grace = 8};
+  options_t o = {.drain = 10, .lua_timeout = 30, .threads = 1, .grace = 8};
+  o.workers = cpu_count() > 256 ? 256 : cpu_count();
   int rc = parse_env(&o);
   if (rc) return rc - 1;
   int script = parse_args(argc, argv, &o);
   if (script < 0) return -script - 1;
+  if (o.reload) return reload_other(o.reload);
+  if (o.watch && o.workers == 1)
+    return usage_error("%s", "--watch needs worker processes (-w 2 or more): "
+                             "a reload replaces them");
   if (o.verbose) log_set_level(LOG_INFO);
+  pidfile = o.pidfile;
 
   handle(SIGPIPE, on_sigpipe);
 
@@ -463,8 +686,9 @@ int main(int argc, char **argv) {
   srv.drain_ms = (uint64_t)(o.drain * 1000);
   srv.worker_index = srv.nworkers == 1 ? 1 : 0;
   srv.grace_ms = (uint64_t)(o.grace * 1000);
+  srv.lua_timeout_ms = (uint64_t)(o.lua_timeout * 1000);
   pthread_mutex_init(&srv.listen_lock, NULL);
   srv.ipc_fd = -1;
   if (new_wake_fd(&srv)) return 1;
-  return srv.nworkers > 1 ? run_root(&srv) : run_lanes(&srv, -1);
+  return srv.nworkers > 1 ? run_root(&srv, o.watch) : run_lanes(&srv, -1);
 }

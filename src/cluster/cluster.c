@@ -19,21 +19,29 @@
 #define CLUSTER_QUICK_DEATH_MS 1000
 #define CLUSTER_FAST_RESPAWN_MS 20
 #define CLUSTER_SLOW_RESPAWN_MS 500
+/* A new worker may take the watchdog's timeout plus this to start. */
+#define CLUSTER_START_SLACK_MS 10000
 
 /* One worker process. */
 typedef struct {
   pid_t pid;      /* 0 when none */
-  int sink;       /* its post-office sink: the slot's index, or index + n */
+  int sink;       /* its post-office sink (see CLUSTER_SINKS) */
   int ipc;        /* the root's end of its socketpair (owned by the hooks'
                      side; a new child closes its copy), or -1 */
   uint64_t since; /* when it was started */
+  uint64_t beat;  /* its last heartbeat */
+  uint64_t deadline; /* draining: killed after this; starting: when it was
+                        killed for not starting; 0 otherwise */
+  unsigned gen;   /* the cluster generation it was started in */
   bool ready;     /* it said it serves */
 } cluster_proc_t;
 
-/* Worker number `index`: the process serving it, and during a replacement
- * the one being replaced. */
+#define CLUSTER_OLD (CLUSTER_GENERATIONS - 1)
+
+/* Worker number `index`: the process serving it, and the replaced ones
+ * (started before it) still finishing their connections. */
 typedef struct {
-  cluster_proc_t cur, old;
+  cluster_proc_t cur, old[CLUSTER_OLD];
   mp_timer_t respawn;
   cluster_t *c;
   int index; /* 1-based */
@@ -43,19 +51,22 @@ typedef struct {
 struct cluster {
   reactor_t *root;
   int n;
-  uint64_t grace_ms;
+  uint64_t grace_ms, drain_ms, beat_ms;
   cluster_worker_fn worker;
   cluster_hooks_t hooks;
   void *arg;
   pid_t root_pid;
   bool stopping;
-  int rolling; /* the slot a rolling restart is at (1..n), or 0 */
+  unsigned gen;        /* bumped by each roll; new processes take it */
+  const char *rolling; /* what the roll in progress is for, or NULL */
   size_t max_rss;
-  mp_timer_t kill_timer, mem_timer;
+  mp_timer_t kill_timer, tick;
   cluster_slot_t *slots;
 };
 
 static const cluster_proc_t no_proc = {.ipc = -1};
+
+static void cluster__tick(mp_timer_t *t);
 
 cluster_t *cluster_new(reactor_t *root, int n, uint64_t grace_ms,
                        cluster_worker_fn worker, cluster_hooks_t hooks,
@@ -70,16 +81,21 @@ cluster_t *cluster_new(reactor_t *root, int n, uint64_t grace_ms,
   c->root = root;
   c->n = n;
   c->grace_ms = grace_ms;
+  c->drain_ms = 10000;
   c->worker = worker;
   c->hooks = hooks;
   c->arg = arg;
   c->root_pid = getpid();
   timer_init(&c->kill_timer);
-  timer_init(&c->mem_timer);
+  timer_init(&c->tick);
   for (int i = 0; i < n; i++) {
-    c->slots[i] = (cluster_slot_t){no_proc, no_proc, {0}, c, i + 1};
-    c->slots[i].cur.sink = i + 1;
-    timer_init(&c->slots[i].respawn);
+    cluster_slot_t *s = &c->slots[i];
+    s->cur = no_proc;
+    for (int k = 0; k < CLUSTER_OLD; k++) s->old[k] = no_proc;
+    s->c = c;
+    s->index = i + 1;
+    s->cur.sink = i + 1;
+    timer_init(&s->respawn);
   }
   return c;
 }
@@ -92,8 +108,10 @@ void cluster_free(cluster_t *c) {
 
 int cluster_live(const cluster_t *c) {
   int live = 0;
-  for (int i = 0; i < c->n; i++)
-    live += (c->slots[i].cur.pid > 0) + (c->slots[i].old.pid > 0);
+  for (int i = 0; i < c->n; i++) {
+    live += c->slots[i].cur.pid > 0;
+    for (int k = 0; k < CLUSTER_OLD; k++) live += c->slots[i].old[k].pid > 0;
+  }
   return live;
 }
 
@@ -105,7 +123,8 @@ static void cluster__child(cluster_t *c, cluster_slot_t *s, int ipc) {
   if (getppid() != c->root_pid) _exit(1); /* died before prctl took hold */
   for (int i = 0; i < c->n; i++) {
     if (c->slots[i].cur.ipc >= 0) close(c->slots[i].cur.ipc);
-    if (c->slots[i].old.ipc >= 0) close(c->slots[i].old.ipc);
+    for (int k = 0; k < CLUSTER_OLD; k++)
+      if (c->slots[i].old[k].ipc >= 0) close(c->slots[i].old[k].ipc);
   }
   signal(SIGCHLD, SIG_DFL);
   signal(SIGUSR1, SIG_DFL);
@@ -130,7 +149,9 @@ static int cluster__fork(cluster_slot_t *s, int sink) {
     cluster__child(c, s, sv[1]);
   }
   close(sv[1]);
-  s->cur = (cluster_proc_t){pid, sink, sv[0], reactor_now(c->root), false};
+  uint64_t now = reactor_now(c->root);
+  s->cur = (cluster_proc_t){.pid = pid, .sink = sink, .ipc = sv[0],
+                            .since = now, .beat = now, .gen = c->gen};
   log_info("worker %d started (pid %d)", s->index, (int)pid);
   if (c->hooks.started) c->hooks.started(sink, sv[0], c->arg);
   return 0;
@@ -144,6 +165,8 @@ int cluster_start(cluster_t *c) {
       return rc;
     }
   }
+  timer_start(reactor_timers(c->root), &c->tick, reactor_now(c->root), 500,
+              500, 0, cluster__tick, NULL, c);
   return 0;
 }
 
@@ -160,56 +183,115 @@ static void cluster__respawn(mp_timer_t *t) {
   }
 }
 
+/* A sink no process of slot s uses, or -1. */
+static int cluster__free_sink(cluster_slot_t *s) {
+  for (int k = 0; k < CLUSTER_GENERATIONS; k++) {
+    int sink = s->index + k * s->c->n;
+    bool used = s->cur.sink == sink;
+    for (int j = 0; j < CLUSTER_OLD && !used; j++)
+      used = s->old[j].pid > 0 && s->old[j].sink == sink;
+    if (!used) return sink;
+  }
+  return -1;
+}
+
+/* A replaced process of slot s that was not told to drain yet. */
+static bool cluster__replacing(const cluster_slot_t *s) {
+  for (int j = 0; j < CLUSTER_OLD; j++)
+    if (s->old[j].pid > 0 && !s->old[j].deadline) return true;
+  return false;
+}
+
 bool cluster_replace(cluster_t *c, int index, const char *why) {
   if (index < 1 || index > c->n || c->stopping) return false;
   cluster_slot_t *s = &c->slots[index - 1];
-  if (s->old.pid > 0 || s->cur.pid <= 0) return false; /* busy or down */
+  if (s->cur.pid <= 0 || cluster__replacing(s)) return false;
+  int j = 0;
+  while (j < CLUSTER_OLD && s->old[j].pid > 0) j++;
+  int sink = cluster__free_sink(s);
+  if (j == CLUSTER_OLD || sink < 0) return false; /* too many draining */
   log_warn("worker %d (pid %d): %s; starting its replacement", index,
            (int)s->cur.pid, why);
   cluster_proc_t old = s->cur;
-  int sink = old.sink == index ? index + c->n : index;
   int rc = cluster__fork(s, sink);
   if (rc) {
     log_error("cannot start a replacement for worker %d: %s", index,
               strerror(-rc));
     return false;
   }
-  s->old = old;
+  s->old[j] = old;
   return true;
 }
 
-/* Replaces the next worker of a rolling restart, or ends it. */
+/* Moves a roll on: replaces the first worker started before it, once no
+ * other replacement is under way; ends it when none is left. */
 static void cluster__roll(cluster_t *c) {
-  while (c->rolling > 0 && c->rolling <= c->n) {
-    if (cluster_replace(c, c->rolling, "rolling restart")) return;
-    c->rolling++; /* down or busy: on to the next one */
+  if (!c->rolling || c->stopping) return;
+  for (int i = 0; i < c->n; i++) {
+    cluster_slot_t *s = &c->slots[i];
+    if (s->cur.pid > 0 && (!s->cur.ready || cluster__replacing(s)))
+      return; /* one at a time: wait until it serves */
   }
-  if (c->rolling > c->n) log_info("rolling restart done");
-  c->rolling = 0;
+  for (int i = 0; i < c->n; i++) {
+    cluster_slot_t *s = &c->slots[i];
+    if (s->cur.pid <= 0 || s->cur.gen == c->gen) continue;
+    /* False when it has no free sink yet: the tick tries again. */
+    cluster_replace(c, s->index, c->rolling);
+    return;
+  }
+  log_info("%s done", c->rolling);
+  c->rolling = NULL;
 }
 
-void cluster_restart_all(cluster_t *c) {
-  if (c->stopping || c->rolling) return;
-  c->rolling = 1;
+void cluster_roll(cluster_t *c, const char *what) {
+  if (c->stopping) return;
+  c->gen++;
+  c->rolling = what;
   cluster__roll(c);
 }
 
+/* Tells a replaced process to drain, and when it will be killed. */
+static void cluster__drain(cluster_t *c, cluster_proc_t *p) {
+  p->deadline = reactor_now(c->root) + c->drain_ms + c->grace_ms + 2000;
+  if (!(c->hooks.drain && c->hooks.drain(p->sink, c->arg)))
+    kill(p->pid, SIGTERM);
+}
+
+/* The process on `sink`, and its slot. */
+static cluster_proc_t *cluster__find(cluster_t *c, int sink,
+                                     cluster_slot_t **slot) {
+  if (sink < 1 || sink >= CLUSTER_SINKS(c->n)) return NULL;
+  cluster_slot_t *s = &c->slots[(sink - 1) % c->n];
+  *slot = s;
+  if (s->cur.pid > 0 && s->cur.sink == sink) return &s->cur;
+  for (int j = 0; j < CLUSTER_OLD; j++)
+    if (s->old[j].pid > 0 && s->old[j].sink == sink) return &s->old[j];
+  return NULL;
+}
+
 void cluster_ready(cluster_t *c, int sink) {
-  for (int i = 0; i < c->n; i++) {
-    cluster_slot_t *s = &c->slots[i];
-    if (s->cur.pid <= 0 || s->cur.sink != sink) continue;
-    s->cur.ready = true;
-    /* The replacement serves: the old process stops accepting now and
-     * finishes its connections within the grace period. */
-    if (s->old.pid > 0 &&
-        !(c->hooks.drain && c->hooks.drain(s->old.sink, c->arg)))
-      kill(s->old.pid, SIGTERM);
-    if (c->rolling == s->index) {
-      c->rolling++;
-      cluster__roll(c);
-    }
-    return;
-  }
+  cluster_slot_t *s;
+  cluster_proc_t *p = cluster__find(c, sink, &s);
+  if (!p || p != &s->cur) return;
+  p->ready = true;
+  p->beat = reactor_now(c->root);
+  /* The replacement serves: the ones it replaces stop accepting now and
+   * finish their connections. */
+  for (int j = 0; j < CLUSTER_OLD; j++)
+    if (s->old[j].pid > 0 && !s->old[j].deadline) cluster__drain(c, &s->old[j]);
+  cluster__roll(c);
+}
+
+void cluster_beat(cluster_t *c, int sink) {
+  cluster_slot_t *s;
+  cluster_proc_t *p = cluster__find(c, sink, &s);
+  if (p) p->beat = reactor_now(c->root);
+}
+
+void cluster_stuck(cluster_t *c, int sink, const char *why) {
+  cluster_slot_t *s;
+  cluster_proc_t *p = cluster__find(c, sink, &s);
+  if (p == &s->cur && p->ready) cluster_replace(c, s->index, why);
 }
 
 static void cluster__how(int status, char *how, size_t len) {
@@ -224,21 +306,22 @@ void cluster_reap(cluster_t *c) {
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
     cluster_slot_t *s = NULL;
-    bool was_old = false;
+    cluster_proc_t *old = NULL;
     for (int i = 0; i < c->n && !s; i++) {
       if (c->slots[i].cur.pid == pid) s = &c->slots[i];
-      if (c->slots[i].old.pid == pid) {
-        s = &c->slots[i];
-        was_old = true;
-      }
+      for (int j = 0; j < CLUSTER_OLD && !s; j++)
+        if (c->slots[i].old[j].pid == pid) {
+          s = &c->slots[i];
+          old = &s->old[j];
+        }
     }
     if (!s) continue; /* a process the script started */
     char how[64];
     cluster__how(status, how, sizeof(how));
-    if (was_old) {
+    if (old) {
       log_info("worker %d (pid %d), replaced, %s", s->index, (int)pid, how);
-      if (c->hooks.exited) c->hooks.exited(s->old.sink, c->arg);
-      s->old = no_proc;
+      if (c->hooks.exited) c->hooks.exited(old->sink, c->arg);
+      *old = no_proc;
       continue;
     }
     int sink = s->cur.sink;
@@ -252,10 +335,6 @@ void cluster_reap(cluster_t *c) {
     }
     log_warn("worker %d (pid %d) %s; starting a new one", s->index, (int)pid,
              how);
-    if (c->rolling == s->index) { /* its replacement died: move on */
-      c->rolling++;
-      cluster__roll(c);
-    }
     timer_start(reactor_timers(c->root), &s->respawn, reactor_now(c->root),
                 lived < CLUSTER_QUICK_DEATH_MS ? CLUSTER_SLOW_RESPAWN_MS
                                                : CLUSTER_FAST_RESPAWN_MS,
@@ -267,33 +346,43 @@ void cluster_reap(cluster_t *c) {
   }
 }
 
-static void cluster__kill_all(mp_timer_t *t) {
-  cluster_t *c = t->udata;
+/* Calls fn on every live process. */
+static void cluster__each(cluster_t *c,
+                          void (*fn)(cluster_t *, cluster_slot_t *,
+                                     cluster_proc_t *)) {
   for (int i = 0; i < c->n; i++) {
-    cluster_proc_t *ps[2] = {&c->slots[i].cur, &c->slots[i].old};
-    for (int k = 0; k < 2; k++) {
-      if (ps[k]->pid <= 0) continue;
-      log_warn("worker %d (pid %d) did not stop in time; killing it",
-               c->slots[i].index, (int)ps[k]->pid);
-      kill(ps[k]->pid, SIGKILL);
-    }
+    cluster_slot_t *s = &c->slots[i];
+    if (s->cur.pid > 0) fn(c, s, &s->cur);
+    for (int j = 0; j < CLUSTER_OLD; j++)
+      if (s->old[j].pid > 0) fn(c, s, &s->old[j]);
   }
+}
+
+static void cluster__kill(cluster_t *c, cluster_slot_t *s, cluster_proc_t *p) {
+  log_warn("worker %d (pid %d) did not stop in time; killing it", s->index,
+           (int)p->pid);
+  kill(p->pid, SIGKILL);
+}
+
+static void cluster__kill_all(mp_timer_t *t) {
+  cluster__each(t->udata, cluster__kill);
+}
+
+static void cluster__term(cluster_t *c, cluster_slot_t *s, cluster_proc_t *p) {
+  kill(p->pid, SIGTERM);
 }
 
 void cluster_stop(cluster_t *c) {
   if (!c->stopping) {
     c->stopping = true;
-    c->rolling = 0;
-    timer_stop(reactor_timers(c->root), &c->mem_timer);
+    c->rolling = NULL;
+    timer_stop(reactor_timers(c->root), &c->tick);
     for (int i = 0; i < c->n; i++)
       timer_stop(reactor_timers(c->root), &c->slots[i].respawn);
     timer_start(reactor_timers(c->root), &c->kill_timer, reactor_now(c->root),
                 c->grace_ms + 2000, 0, 1, cluster__kill_all, NULL, c);
   }
-  for (int i = 0; i < c->n; i++) {
-    if (c->slots[i].cur.pid > 0) kill(c->slots[i].cur.pid, SIGTERM);
-    if (c->slots[i].old.pid > 0) kill(c->slots[i].old.pid, SIGTERM);
-  }
+  cluster__each(c, cluster__term);
   if (cluster_live(c) == 0) {
     timer_stop(reactor_timers(c->root), &c->kill_timer);
     reactor_shutdown(c->root, c->grace_ms);
@@ -312,24 +401,53 @@ static size_t cluster__rss(pid_t pid) {
   return got == 2 ? (size_t)resident * (size_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
-static void cluster__check_memory(mp_timer_t *t) {
+/* Twice a second: drain deadlines, heartbeats, memory, and a roll that
+ * waits for a free sink. */
+static void cluster__tick(mp_timer_t *t) {
   cluster_t *c = t->udata;
+  uint64_t now = reactor_now(c->root);
   for (int i = 0; i < c->n; i++) {
     cluster_slot_t *s = &c->slots[i];
-    if (s->cur.pid <= 0 || !s->cur.ready || s->old.pid > 0) continue;
-    size_t rss = cluster__rss(s->cur.pid);
+    for (int j = 0; j < CLUSTER_OLD; j++) {
+      cluster_proc_t *p = &s->old[j];
+      if (p->pid <= 0 || !p->deadline || now < p->deadline) continue;
+      log_warn("worker %d (pid %d), replaced, did not finish in time; "
+               "killing it", s->index, (int)p->pid);
+      kill(p->pid, SIGKILL);
+      p->deadline = UINT64_MAX;
+    }
+    cluster_proc_t *p = &s->cur;
+    if (p->pid <= 0) continue;
+    char why[128];
+    if (c->beat_ms && !p->ready && !p->deadline &&
+        now - p->since > c->beat_ms + CLUSTER_START_SLACK_MS) {
+      log_error("worker %d (pid %d) did not start serving within %.1f s "
+                "(stuck at the script's top level?); killing it", s->index,
+                (int)p->pid, (double)(c->beat_ms + CLUSTER_START_SLACK_MS) / 1000);
+      kill(p->pid, SIGKILL);
+      p->deadline = now; /* killed once: cluster_reap takes it from here */
+      continue;
+    }
+    if (!p->ready || cluster__replacing(s)) continue;
+    if (c->beat_ms && now - p->beat > c->beat_ms) {
+      snprintf(why, sizeof(why), "sent no heartbeat for %.1f s",
+               (double)(now - p->beat) / 1000);
+      cluster_replace(c, s->index, why);
+      continue;
+    }
+    if (!c->max_rss) continue;
+    size_t rss = cluster__rss(p->pid);
     if (rss <= c->max_rss) continue;
-    char why[96];
     snprintf(why, sizeof(why), "uses %zu MB, over --max-memory %zu MB",
              rss >> 20, c->max_rss >> 20);
     cluster_replace(c, s->index, why);
   }
+  cluster__roll(c);
 }
 
-void cluster_set_max_memory(cluster_t *c, size_t bytes) {
-  c->max_rss = bytes;
-  timer_stop(reactor_timers(c->root), &c->mem_timer);
-  if (bytes)
-    timer_start(reactor_timers(c->root), &c->mem_timer, reactor_now(c->root),
-                1000, 1000, 0, cluster__check_memory, NULL, c);
+void cluster_set_limits(cluster_t *c, size_t max_rss, uint64_t beat_timeout_ms,
+                        uint64_t drain_ms) {
+  c->max_rss = max_rss;
+  c->beat_ms = beat_timeout_ms;
+  c->drain_ms = drain_ms;
 }

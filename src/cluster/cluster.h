@@ -12,13 +12,20 @@
 
 typedef struct cluster cluster_t;
 
+/* Processes one worker slot may have at once: the one serving and up to
+ * CLUSTER_GENERATIONS - 1 replaced ones still finishing their
+ * connections. Each has its own post-office sink: slot i (1..n) uses
+ * sinks i + k * n for k < CLUSTER_GENERATIONS; sink 0 is the root's. */
+#define CLUSTER_GENERATIONS 4
+#define CLUSTER_SINKS(n) (1 + CLUSTER_GENERATIONS * (n))
+
 /* Runs in a new worker process: `index` is 1..n, `ipc_fd` its end of a
  * socketpair to the root (EOF there means the root is gone). Returns the
  * process's exit status. */
 typedef int (*cluster_worker_fn)(int index, int ipc_fd, void *arg);
 
-/* In the root: a worker process started on post-office sink `sink` (its
- * number, or its number + n while it replaces another), and `ipc_fd` is
+/* In the root: a worker process started on post-office sink `sink` (see
+ * CLUSTER_SINKS; (sink - 1) % n + 1 is its number), and `ipc_fd` is
  * the root's end of its socketpair (the callee owns it from now on); or
  * the process on `sink` exited. */
 typedef struct {
@@ -55,15 +62,30 @@ int cluster_live(const cluster_t *c);
 
 /* Replaces worker `index` (1..n) gracefully: a new process starts on the
  * same socket, and once it says it is ready (cluster_ready) the old one is
- * told to stop, finishing its connections within the grace period. False
- * when the worker is down, already being replaced, or we are stopping. */
+ * told to drain: stop accepting, finish its connections within
+ * `drain_ms`, then shut down within the grace period; past that (plus
+ * 2 s) it is killed. False when the worker is down, already being
+ * replaced, has no free sink (too many replaced ones still draining), or
+ * we are stopping. */
 bool cluster_replace(cluster_t *c, int index, const char *why);
-/* Replaces every worker, one at a time (SIGUSR1). */
-void cluster_restart_all(cluster_t *c);
+/* Replaces every worker, one at a time, each new one serving before its
+ * predecessor drains (SIGUSR1, and a reload: new processes load the
+ * script anew). A call during a roll restarts it for every worker not
+ * started since. `what` names it in the log. */
+void cluster_roll(cluster_t *c, const char *what);
 /* The process on `sink` serves now. */
 void cluster_ready(cluster_t *c, int sink);
-/* Replaces a worker whose resident memory passes `bytes` (0: no limit);
- * checked once a second. */
-void cluster_set_max_memory(cluster_t *c, size_t bytes);
+/* The process on `sink` is alive and none of its lanes is stuck. */
+void cluster_beat(cluster_t *c, int sink);
+/* The process on `sink` reports a stuck lane (`why` for the log): the
+ * worker is replaced. */
+void cluster_stuck(cluster_t *c, int sink, const char *why);
+/* Limits, checked twice a second: a worker whose resident memory passes
+ * `max_rss` bytes is replaced (0: no limit); so is one that sent no
+ * heartbeat for `beat_timeout_ms` (0: never), or did not start serving in
+ * that time; a drained worker is killed `drain_ms` + grace + 2 s after it
+ * was told to drain. */
+void cluster_set_limits(cluster_t *c, size_t max_rss, uint64_t beat_timeout_ms,
+                        uint64_t drain_ms);
 
 #endif

@@ -21,6 +21,8 @@ enum ipc_type {
   IPC_DELIVER,   /* root -> worker: deliver a message to local subscribers */
   IPC_READY,     /* worker -> root: every lane runs; it serves */
   IPC_DRAIN,     /* root -> worker: stop accepting, finish, then exit */
+  IPC_BEAT,      /* worker -> root: alive, no lane stuck (every second) */
+  IPC_STUCK,     /* worker -> root: a lane is stuck (message: what) */
 };
 
 /* Flags: the low bits carry the scope, bit 7 says the message is JSON. */

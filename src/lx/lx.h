@@ -7,6 +7,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -101,9 +102,17 @@ struct lx_server {
   ipc_reader_t ipc_reader;   /* a worker's frames from the root (main thread) */
   struct lx_peer *peers;     /* the root's links to worker processes, by
                                 post-office sink (1..2 * nworkers) */
-  void (*ready_hook)(int sink, void *arg); /* root: a worker serves */
-  void *ready_arg;
+  /* Root: a worker's news for the supervisor: IPC_READY (it serves),
+   * IPC_BEAT (alive) or IPC_STUCK (msg: which lane runs what). */
+  void (*worker_news)(int type, int sink, const char *msg, size_t len,
+                      void *arg);
+  void *news_arg;
+  uint64_t beat_sent; /* a worker's main thread: its last IPC_BEAT */
+  bool stuck_told;    /* ... and whether it reported the stuck lane */
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
+  uint64_t lua_timeout_ms; /* a callback running longer is stuck (0: off) */
+  lx_lane_t *retired; /* root: replaced root lanes not freed yet */
+  bool exiting;       /* root: freeing everything; retired lanes wait */
 };
 
 /* Everything in a lane belongs to the lane's thread (after start-up, which
@@ -115,15 +124,28 @@ struct lx_lane {
   reactor_t *r;
   lua_State *L;
   lx_run_t *running;  /* the callback now running, or NULL */
+  /* For the watchdog (read by the main thread): when the outermost
+   * callback now running started (reactor_clock_ms() + 1; 0: none), and
+   * its name. */
+  _Atomic uint64_t busy_since;
+  _Atomic(const char *) busy_what;
   struct lx_idle_co {
     lua_State *co;
     int ref; /* registry anchor */
   } *idle;   /* coroutines ready for the next callback */
   int idle_n, idle_cap;
-  int start_ref, stop_ref, worker_start_ref; /* lists of mp.on handlers */
+  int start_ref, stop_ref, worker_start_ref,
+      reload_ref; /* lists of mp.on handlers */
   int subs_ref, psubs_ref; /* { [channel or pattern] = { sub, ... } } */
   int conn_subs_ref;       /* { [uuid] = { sub, ... } } */
   bool closing;            /* being freed: posted tasks only clean up */
+  bool owns_r;             /* false: a root lane on the root's reactor */
+  bool retired;            /* replaced by a reload: runs only what its
+                              remaining connections need, then is freed */
+  _Atomic int tasks;       /* posted tasks that will use the lane */
+  struct lx_timer *timers; /* running mp.after / mp.every timers */
+  bool free_posted;        /* retired: its free is queued */
+  lx_lane_t *next_retired; /* srv->retired */
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
@@ -131,16 +153,32 @@ struct lx_lane {
 
 /* ---- lx_lane.c ---- */
 
-/* Makes lane `index` of `srv`: a reactor and a lua_State with the standard
- * libraries and the moonport module, then runs the script's top level.
- * On failure returns NULL and puts one line (without "moonport: ") in
- * err. Main thread. */
-lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
-                       size_t errlen);
+/* Makes lane `index` of `srv`: a reactor (or, for a reloaded root lane,
+ * the root's reactor `on`) and a lua_State with the standard libraries and
+ * the moonport module, then runs the script's top level. On failure
+ * returns NULL and puts one line (without "moonport: ") in err. Main
+ * thread, or the root's. */
+lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
+                       reactor_t *on, char *err, size_t errlen);
 /* Frees a lane whose loop has returned (or never ran). Main thread. */
 void lx_lane_free(lx_lane_t *ln);
 /* The lane thread's body: start handlers, the loop, done. */
 void lx_lane_run(lx_lane_t *ln);
+/* Root only: replaces the root lane by a new one running the script as it
+ * is on disk now, on the same reactor. On failure (the script does not
+ * load) nothing changes, err says why, and it returns false. On success
+ * the old lane's mp.on("reload") handlers run, its timers, sleeps and
+ * subscriptions end, its listeners pass to the new lane, and it is freed
+ * once its last client connection is gone; the new lane's start handlers
+ * run next. */
+bool lx_lane_reload_root(lx_server_t *srv, char *err, size_t errlen);
+/* A task posted for lane ln is done (see lx_lane_t.tasks). */
+void lx_lane_task_done(lx_lane_t *ln);
+/* A service of lane ln was freed (a retired lane may be done). */
+void lx_lane_service_gone(lx_lane_t *ln);
+/* Root, at exit, after the root lane (and so the reactor) is freed: frees
+ * the retired root lanes left. */
+void lx_lane_free_retired(lx_server_t *srv);
 
 /* Takes the function and nargs arguments on top of `from` (a coroutine of
  * this lane, or its main state) and runs them in a pooled coroutine. */
@@ -152,6 +190,8 @@ void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
 lua_State *lx_co_take(lx_lane_t *ln, int *co_ref);
 void lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what);
+/* Drops a suspended callback for good: releases what it held. */
+void lx_run_abandon(lx_lane_t *ln, lx_run_t *run);
 /* Continues a suspended callback (the run was copied when it suspended). */
 void lx_resume(lx_lane_t *ln, lx_run_t *run, int nargs);
 
@@ -206,6 +246,8 @@ void lx_pubsub_open(lua_State *L, lx_lane_t *ln);
 int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid);
 /* Cancels the subscriptions of a connection that closed. */
 void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid);
+/* Cancels every subscription of a lane (it is retired). */
+void lx_pubsub_cancel_all(lx_lane_t *ln);
 /* Calls this lane's subscribers of message m. */
 void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m);
 /* The post office's delivery into lane `sink` of srv (a mailbox post). */
@@ -221,11 +263,20 @@ void lx_ipc_worker_exited(int sink, void *srv);
 bool lx_ipc_drain(int sink, void *srv);
 /* A worker: tells the root it serves. */
 void lx_ipc_ready(lx_server_t *srv);
+/* The watchdog's check, on the main thread about once a second: a lane
+ * whose callback runs past srv->lua_timeout_ms is reported (a log line; in
+ * a worker also to the root, which replaces the worker); otherwise a
+ * worker sends the root its heartbeat. */
+void lx_ipc_watchdog(lx_server_t *srv);
 struct lx_peer *lx_ipc_new_peers(lx_server_t *srv);
 void lx_ipc_free_peers(lx_server_t *srv);
 
 /* ---- lx_moonport.c ---- */
 
+/* Stops every timer of a retired lane, without their on_done. */
+void lx_timers_stop_all(lx_lane_t *ln);
+/* Ends every mp.sleep of a retired lane without resuming it. */
+void lx_sleeps_abandon(lx_lane_t *ln);
 /* A timer whose callback failed: stop it without its on_done. */
 void lx_timer_failed(lx_timer_t *t);
 /* A registry ref to the timer's userdata (LUA_NOREF once finished). */

@@ -435,6 +435,7 @@ void lx_service_free(lx_service_t *s) {
     ln->services = s->next;
   if (s->next) s->next->prev = s->prev;
   free(s);
+  lx_lane_service_gone(ln);
 }
 
 void lx_service_maybe_free(lx_service_t *s) {

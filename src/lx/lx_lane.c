@@ -134,7 +134,13 @@ const char lx_wait_token = 0;
 static void lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
   lx_run_t *outer = ln->running;
   ln->running = run;
+  if (!outer) {
+    atomic_store_explicit(&ln->busy_what, run->what, memory_order_relaxed);
+    atomic_store_explicit(&ln->busy_since, reactor_clock_ms() + 1,
+                          memory_order_release);
+  }
   int status = lua_resume(run->co, nargs);
+  if (!outer) atomic_store_explicit(&ln->busy_since, 0, memory_order_relaxed);
   ln->running = outer;
   if (status == LUA_YIELD && lua_gettop(run->co) >= 2 &&
       lua_touserdata(run->co, 1) == (void *)&lx_wait_token) {
@@ -199,6 +205,11 @@ void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
   lx_call_on(ln, co, ref, nargs, kind, c, timer, what);
 }
 
+void lx_run_abandon(lx_lane_t *ln, lx_run_t *run) {
+  lx__release(ln, run);
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, run->co_ref);
+}
+
 void lx_resume(lx_lane_t *ln, lx_run_t *run, int nargs) {
   lx__step(ln, run, nargs, true);
 }
@@ -239,8 +250,10 @@ static void lx__set_args(lua_State *L, lx_server_t *srv) {
   lua_setglobal(L, "arg");
 }
 
-lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
-                       size_t errlen) {
+static void lx__retire(lx_lane_t *ln);
+
+lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
+                       reactor_t *on, char *err, size_t errlen) {
   lx_lane_t *ln = calloc(1, sizeof(*ln));
   if (!ln) {
     snprintf(err, errlen, "out of memory");
@@ -249,8 +262,10 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
   ln->srv = srv;
   ln->index = index;
   ln->is_root = is_root;
-  ln->start_ref = ln->stop_ref = ln->worker_start_ref = LUA_NOREF;
-  ln->r = reactor_new(index);
+  ln->start_ref = ln->stop_ref = ln->worker_start_ref = ln->reload_ref =
+      LUA_NOREF;
+  ln->owns_r = !on;
+  ln->r = on ? on : reactor_new(index);
   if (!ln->r) {
     snprintf(err, errlen, "cannot create an event loop: %s", strerror(errno));
     free(ln);
@@ -273,6 +288,8 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
   lua_newtable(L);
   ln->worker_start_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
+  ln->reload_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
   ln->subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   ln->psubs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -294,7 +311,10 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root, char *err,
     if (rc == LUA_ERRFILE && m && strncmp(m, "cannot open ", 12) == 0)
       m += 12; /* "cannot open x.lua" becomes "x.lua: No such file ..." */
     snprintf(err, errlen, "%s", m ? m : "error loading the script");
-    lx_lane_free(ln);
+    if (ln->owns_r)
+      lx_lane_free(ln);
+    else /* what its top level started on the shared reactor ends */
+      lx__retire(ln);
     return NULL;
   }
   return ln;
@@ -314,22 +334,31 @@ static void lx__start(void *a, void *b) {
 void lx_lane_run(lx_lane_t *ln) {
   reactor_set_stop_hook(ln->r, lx__stop_hook, ln);
   reactor_defer(ln->r, lx__start, ln, NULL);
+  /* A reload may replace (and free) the root lane while the loop runs. */
+  lx_server_t *srv = ln->srv;
+  int index = ln->index;
   int rc = reactor_run(ln->r);
-  if (rc) log_error("lane %d: event loop failed: %s", ln->index + 1,
+  if (rc) log_error("lane %d: event loop failed: %s", index + 1,
                     strerror(-rc));
-  atomic_fetch_add(&ln->srv->lanes_done, 1);
+  atomic_fetch_add(&srv->lanes_done, 1);
   uint64_t one = 1; /* wake the main thread */
-  ssize_t w = write(ln->srv->wake_fd, &one, sizeof(one));
+  ssize_t w = write(srv->wake_fd, &one, sizeof(one));
   (void)w;
 }
 
 void lx_lane_free(lx_lane_t *ln) {
   if (!ln) return;
+  if (ln->retired) { /* off the server's list */
+    lx_lane_t **pp = &ln->srv->retired;
+    while (*pp && *pp != ln) pp = &(*pp)->next_retired;
+    if (*pp) *pp = ln->next_retired;
+  }
   ln->closing = true;
+  ln->retired = false; /* freeing its services must not post its free */
   /* Connections and write queues go first: their release callbacks still
    * use the Lua state. reactor_free frees the listeners too. */
   for (struct lx_service *s = ln->services; s; s = s->next) s->listener = NULL;
-  reactor_free(ln->r);
+  if (ln->owns_r) reactor_free(ln->r);
   while (ln->sleeps) {
     lx_sleep_t *s = ln->sleeps;
     ln->sleeps = s->next;
@@ -339,4 +368,68 @@ void lx_lane_free(lx_lane_t *ln) {
   if (ln->L) lua_close(ln->L);
   free(ln->idle);
   free(ln);
+}
+
+/* ---- reloading the root lane ---- */
+
+/* A retired lane is freed once nothing can call into it: no service (its
+ * client connections are gone) and no task posted for it. */
+static void lx__retired_free(void *a, void *b) {
+  lx_lane_t *ln = a;
+  ln->free_posted = false;
+  if (ln->services || atomic_load(&ln->tasks) > 0) return; /* not yet */
+  lx_lane_free(ln);
+}
+
+static void lx__retired_check(lx_lane_t *ln) {
+  if (!ln->retired || ln->srv->exiting || ln->free_posted || ln->services ||
+      atomic_load(&ln->tasks) > 0)
+    return;
+  /* Not here: a caller up the stack may still use the lane. */
+  ln->free_posted = true;
+  reactor_defer(ln->r, lx__retired_free, ln, NULL);
+}
+
+void lx_lane_task_done(lx_lane_t *ln) {
+  if (atomic_fetch_sub(&ln->tasks, 1) == 1 && ln->retired)
+    lx__retired_check(ln);
+}
+
+void lx_lane_service_gone(lx_lane_t *ln) {
+  if (ln->retired && !ln->services) lx__retired_check(ln);
+}
+
+/* Ends what a replaced root lane started: timers, sleeps, subscriptions,
+ * its claims on listeners; client connections finish on the old code. */
+static void lx__retire(lx_lane_t *ln) {
+  ln->retired = true;
+  ln->next_retired = ln->srv->retired;
+  ln->srv->retired = ln;
+  lx_timers_stop_all(ln);
+  lx_sleeps_abandon(ln);
+  lx_pubsub_cancel_all(ln);
+  struct lx_service *s = ln->services, *next;
+  for (; s; s = next) {
+    next = s->next;
+    if (!s->client) lx_service_free(s); /* a listener: the root serves none */
+  }
+  lx__retired_check(ln);
+}
+
+bool lx_lane_reload_root(lx_server_t *srv, char *err, size_t errlen) {
+  lx_lane_t *old = srv->lanes[0];
+  lx_lane_t *ln = lx_lane_new(srv, 0, true, old->r, err, errlen);
+  if (!ln) return false;
+  srv->lanes[0] = ln; /* deliveries from now on go to the new code */
+  ln->owns_r = old->owns_r; /* the reactor outlives the old lane */
+  old->owns_r = false;
+  reactor_set_stop_hook(ln->r, lx__stop_hook, ln);
+  lx_call_list(old, old->reload_ref, "reload handler");
+  lx__retire(old);
+  reactor_defer(ln->r, lx__start, ln, NULL);
+  return true;
+}
+
+void lx_lane_free_retired(lx_server_t *srv) {
+  while (srv->retired) lx_lane_free(srv->retired);
 }

@@ -415,6 +415,7 @@ struct lx_timer {
   lx_lane_t *ln;
   int fn_ref, done_ref, self_ref;
   bool failed;
+  struct lx_timer *prev, *next; /* the lane's running timers */
 };
 
 static void lx__timer_fire(mp_timer_t *mt) {
@@ -431,6 +432,12 @@ static void lx__timer_finish(mp_timer_t *mt) {
   lx_timer_t *t = mt->udata;
   lx_lane_t *ln = t->ln;
   lua_State *L = ln->L;
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    ln->timers = t->next;
+  if (t->next) t->next->prev = t->prev;
+  t->prev = t->next = NULL;
   if (!t->failed && t->done_ref != LUA_NOREF) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->done_ref);
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
@@ -447,6 +454,14 @@ int lx_timer_anchor(lx_timer_t *t) {
   lua_State *L = t->ln->L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
   return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+void lx_timers_stop_all(lx_lane_t *ln) {
+  while (ln->timers) {
+    lx_timer_t *t = ln->timers;
+    t->failed = true; /* no on_done: the code is being replaced */
+    timer_stop(reactor_timers(ln->r), &t->t); /* unlinks it */
+  }
 }
 
 void lx_timer_failed(lx_timer_t *t) {
@@ -477,6 +492,10 @@ static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
                        (uint64_t)delay, (uint64_t)interval, (int64_t)count,
                        lx__timer_fire, lx__timer_finish, t);
   if (rc) return luaL_error(L, "cannot start a timer: out of memory");
+  t->prev = NULL;
+  t->next = ln->timers;
+  if (t->next) t->next->prev = t;
+  ln->timers = t;
   lua_pushvalue(L, fn_idx);
   t->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   if (done_idx && !lua_isnoneornil(L, done_idx)) {
@@ -548,6 +567,15 @@ static int lx__sleep_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   return 0;
 }
 
+void lx_sleeps_abandon(lx_lane_t *ln) {
+  while (ln->sleeps) {
+    lx_sleep_t *s = ln->sleeps;
+    ln->sleeps = s->next;
+    lx_run_abandon(ln, &s->run);
+    timer_stop(reactor_timers(ln->r), &s->timer); /* frees s */
+  }
+}
+
 static int lx__sleep_check(lua_State *L) {
   lx__ms(L, 1);
   lx_check_waitable(L, lx__ln(L), "mp.sleep");
@@ -560,6 +588,11 @@ static void lx__defer_run(void *a, void *b) {
   lx_lane_t *ln = a;
   int ref = (int)(intptr_t)b;
   lua_State *L = ln->L;
+  if (ln->retired) { /* its code was replaced */
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    lx_lane_task_done(ln);
+    return;
+  }
   lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
   luaL_unref(L, LUA_REGISTRYINDEX, ref);
   lua_getfield(L, -1, "n");
@@ -568,6 +601,7 @@ static void lx__defer_run(void *a, void *b) {
   for (int i = 1; i <= nargs + 1; i++) lua_rawgeti(L, -i, i);
   lua_remove(L, -(nargs + 2));
   lx_call(ln, L, nargs, LX_PLAIN, NULL, NULL, "deferred function");
+  lx_lane_task_done(ln);
 }
 
 static int lx_defer(lua_State *L) {
@@ -582,7 +616,9 @@ static int lx_defer(lua_State *L) {
   lua_pushinteger(L, n - 1);
   lua_setfield(L, -2, "n");
   int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  atomic_fetch_add(&ln->tasks, 1);
   if (reactor_defer(ln->r, lx__defer_run, ln, (void *)(intptr_t)ref)) {
+    atomic_fetch_sub(&ln->tasks, 1);
     luaL_unref(L, LUA_REGISTRYINDEX, ref);
     return luaL_error(L, "mp.defer: out of memory");
   }
@@ -600,9 +636,11 @@ static int lx_on(lua_State *L) {
     list = ln->stop_ref;
   else if (strcmp(name, "worker_start") == 0)
     list = ln->worker_start_ref;
+  else if (strcmp(name, "reload") == 0)
+    list = ln->reload_ref;
   else
-    return luaL_argerror(L, 1,
-                         "unknown event (known: start, stop, worker_start)");
+    return luaL_argerror(
+        L, 1, "unknown event (known: start, stop, worker_start, reload)");
   lua_rawgeti(L, LUA_REGISTRYINDEX, list);
   lua_pushvalue(L, 2);
   lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "cluster/cluster.h"
 #include "cluster/glob.h"
 #include "cluster/pubsub.h"
 #include "core/log.h"
@@ -363,18 +364,46 @@ void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
 static void lx__deliver_task(void *a, void *b) {
   lx_lane_t *ln = a;
   pubsub_msg_t *m = b;
-  if (!ln->closing) lx_pubsub_dispatch(ln, m);
+  if (!ln->closing && !ln->retired) lx_pubsub_dispatch(ln, m);
   pubsub_msg_unref(m);
+  lx_lane_task_done(ln);
 }
 
 void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *arg) {
   lx_server_t *srv = arg;
   lx_lane_t *ln = srv->lanes[sink];
   pubsub_msg_ref(m);
+  atomic_fetch_add(&ln->tasks, 1);
   if (reactor_post(ln->r, lx__deliver_task, ln, m)) {
     log_error("pub/sub: out of memory; a message to lane %d is lost",
               sink + 1);
+    atomic_fetch_sub(&ln->tasks, 1);
     pubsub_msg_unref(m);
+  }
+}
+
+void lx_pubsub_cancel_all(lx_lane_t *ln) {
+  lua_State *L = ln->L;
+  for (int pattern = 0; pattern < 2; pattern++) {
+    /* Collect first: cancelling edits the lists. */
+    lx__lists(L, ln, pattern);
+    lua_newtable(L);
+    int n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, -3)) {
+      int k = (int)lua_objlen(L, -1);
+      for (int i = 1; i <= k; i++) {
+        lua_rawgeti(L, -1, i);
+        lua_rawseti(L, -4, ++n);
+      }
+      lua_pop(L, 1);
+    }
+    for (int i = 1; i <= n; i++) {
+      lua_rawgeti(L, -1, i);
+      lx__cancel(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 2);
   }
 }
 
@@ -466,6 +495,14 @@ void lx_pubsub_open(lua_State *L, lx_lane_t *ln) {
 
 /* ---- between processes ---- */
 
+/* In each lane of a replaced worker, before it drains: its
+ * mp.on("reload") handlers, which may hand state to the new worker (its
+ * subscriptions are in place: it said it was ready). */
+static void lx__reload_task(void *a, void *b) {
+  lx_lane_t *ln = a;
+  lx_call_list(ln, ln->reload_ref, "reload handler");
+}
+
 /* A worker's frames from the root. */
 static void lx__from_root(int type, unsigned flags, const char *ch,
                           size_t clen, const char *msg, size_t mlen,
@@ -474,8 +511,10 @@ static void lx__from_root(int type, unsigned flags, const char *ch,
   if (type == IPC_DRAIN) { /* replaced: finish, then exit */
     log_info("worker %d (pid %d) was replaced; finishing its connections",
              srv->worker_index, (int)getpid());
-    for (size_t i = 0; i < srv->nlanes; i++)
+    for (size_t i = 0; i < srv->nlanes; i++) {
+      reactor_post(srv->lanes[i]->r, lx__reload_task, srv->lanes[i], NULL);
       reactor_drain(srv->lanes[i]->r, srv->drain_ms, srv->grace_ms);
+    }
     return;
   }
   if (type != IPC_DELIVER) return;
@@ -523,7 +562,10 @@ static void lx__root_frame(int type, unsigned flags, const char *ch,
     pubsub_unsubscribe(srv->ps, p->index, ch, clen, type == IPC_PUNSUB);
     return;
   case IPC_READY:
-    if (srv->ready_hook) srv->ready_hook(p->index, srv->ready_arg);
+  case IPC_BEAT:
+  case IPC_STUCK:
+    if (srv->worker_news)
+      srv->worker_news(type, p->index, msg, mlen, srv->news_arg);
     return;
   case IPC_PUBLISH: break;
   default: return;
@@ -633,15 +675,45 @@ void lx_ipc_ready(lx_server_t *srv) {
   pthread_mutex_unlock(&srv->ipc_lock);
 }
 
+void lx_ipc_watchdog(lx_server_t *srv) {
+  uint64_t now = reactor_clock_ms();
+  for (size_t i = 0; srv->lua_timeout_ms && i < srv->nlanes; i++) {
+    lx_lane_t *ln = srv->lanes[i];
+    uint64_t since = atomic_load_explicit(&ln->busy_since, memory_order_acquire);
+    if (!since || now + 1 - since <= srv->lua_timeout_ms) continue;
+    if (srv->stuck_told) return; /* no heartbeat either */
+    srv->stuck_told = true;
+    const char *what = atomic_load_explicit(&ln->busy_what, memory_order_relaxed);
+    char msg[160];
+    int n = snprintf(msg, sizeof(msg), "lane %zu has been running %s for "
+                     "%.1f s (over --lua-timeout)", i + 1,
+                     what ? what : "Lua", (double)(now + 1 - since) / 1000);
+    if (srv->ipc_fd < 0) {
+      log_error("%s; it serves nothing else until it returns", msg);
+      return;
+    }
+    pthread_mutex_lock(&srv->ipc_lock);
+    lx__ipc_send_locked(srv, IPC_STUCK, 0, "", 0, msg, (size_t)n);
+    pthread_mutex_unlock(&srv->ipc_lock);
+    return;
+  }
+  srv->stuck_told = false;
+  if (srv->ipc_fd < 0 || now - srv->beat_sent < 1000) return;
+  srv->beat_sent = now;
+  pthread_mutex_lock(&srv->ipc_lock);
+  lx__ipc_send_locked(srv, IPC_BEAT, 0, "", 0, NULL, 0);
+  pthread_mutex_unlock(&srv->ipc_lock);
+}
+
 void lx_ipc_free_peers(lx_server_t *srv) {
   if (!srv->peers) return;
-  for (int i = 0; i <= 2 * srv->nworkers; i++)
+  for (int i = 0; i < CLUSTER_SINKS(srv->nworkers); i++)
     ipc_reader_deinit(&srv->peers[i].reader);
   free(srv->peers);
   srv->peers = NULL;
 }
 
 lx_peer_t *lx_ipc_new_peers(lx_server_t *srv) {
-  srv->peers = calloc(2 * (size_t)srv->nworkers + 1, sizeof(*srv->peers));
+  srv->peers = calloc((size_t)CLUSTER_SINKS(srv->nworkers), sizeof(*srv->peers));
   return srv->peers;
 }
