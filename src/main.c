@@ -257,8 +257,10 @@ static void on_stop_signal(int sig) {
   errno = saved;
 }
 
-/* Writes to a closed socket then fail with EPIPE instead of killing us. */
-static void on_sigpipe(int sig) { (void)sig; }
+/* SIGPIPE: writes to a closed socket then fail with EPIPE instead of
+ * killing us; SIGHUP in a worker: a terminal's hangup reaches the whole
+ * process group, and reloading is the root's business. */
+static void on_ignored(int sig) { (void)sig; }
 
 static void handle(int sig, void (*fn)(int)) {
   struct sigaction sa = {.sa_handler = fn, .sa_flags = SA_RESTART};
@@ -464,7 +466,7 @@ static int worker_main(int index, int ipc_fd, void *arg) {
   atomic_store(&children_exited, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
-  signal(SIGHUP, SIG_DFL);
+  handle(SIGHUP, on_ignored);
   pidfile = NULL; /* the root's */
   if (srv->wake_fd >= 0) close(srv->wake_fd);
   if (new_wake_fd(srv)) return 1;
@@ -507,7 +509,9 @@ static void root_reload(root_t *rt, const char *why) {
   cluster_roll(rt->c, "reload");
 }
 
-static void root_debounced(mp_timer_t *t) { root_reload(t->udata, "--watch"); }
+static void root_debounced(mp_timer_t *t) {
+  if (atomic_load(&signals_seen) == 0) root_reload(t->udata, "--watch");
+}
 
 /* --watch: a .lua file in the script's folder was written, moved in or
  * removed. Editors save in bursts, so the reload waits for 300 ms of
@@ -563,8 +567,13 @@ static void root_wake(void *arg) {
     log_info("SIGUSR1: restarting the workers one at a time");
     cluster_roll(c, "rolling restart");
   }
-  if (atomic_exchange(&reloads_asked, 0)) root_reload(rt, "SIGHUP");
   int seen = atomic_load(&signals_seen);
+  if (atomic_exchange(&reloads_asked, 0)) {
+    if (handled || seen)
+      log_warn("SIGHUP: not reloading while stopping");
+    else
+      root_reload(rt, "SIGHUP");
+  }
   if (seen != handled) {
     log_info("%s: stopping the workers",
              atomic_load(&last_signal) == SIGINT ? "SIGINT" : "SIGTERM");
@@ -670,7 +679,7 @@ int main(int argc, char **argv) {
   if (o.verbose) log_set_level(LOG_INFO);
   pidfile = o.pidfile;
 
-  handle(SIGPIPE, on_sigpipe);
+  handle(SIGPIPE, on_ignored);
 
   if ((rc = sock_init())) {
     log_error("cannot start: %s", strerror(-rc));
