@@ -486,10 +486,10 @@ describe("workers", function()
       assert.equal(0, srv:stop(H.SIGTERM, H.T(8)))
     end)
 
-    it("-w 1 and the default run one process that serves itself (no fork)", function()
+    it("-w 1 and MOONPORT_WORKERS=1 run one process that serves itself (no fork)", function()
       for _, case in ipairs {
-        { options = { "-w", "1" } },
-        { options = {}, env = { MOONPORT_WORKERS = false } },
+        { options = { "-w", "1" }, env = { MOONPORT_WORKERS = false } },
+        { options = {}, env = { MOONPORT_WORKERS = "1" } },
       } do
         local srv, port = start_workers(1, case)
         local root = srv:pid()
@@ -506,6 +506,65 @@ describe("workers", function()
         end
         assert.equal(0, srv:stop(H.SIGTERM, H.T(8)))
       end
+    end)
+
+    -- CPUs this process may run on, as nproc(1) counts them.
+    local function nproc(prefix)
+      local p = assert(io.popen((prefix or "") .. "nproc"))
+      local n = tonumber(p:read("*l"))
+      p:close()
+      assert.truthy(n and n >= 1, "nproc")
+      return n
+    end
+
+    it("the default (no -w, no MOONPORT_WORKERS) is a worker per CPU core, as nproc counts them", function()
+      local n = math.min(nproc(), 256)
+      local srv, port = start_workers(n, { options = {}, env = { MOONPORT_WORKERS = false } })
+      local root = srv:pid()
+      H.sleep(0.2)
+      local kids = children(root)
+      if n == 1 then
+        assert.same({}, kids)
+      else
+        assert.equal(n, #kids, "children of the root: " .. table.concat(kids, ","))
+        assert.same({ ("top root w=0 n=%d pid=%d"):format(n, root) }, srv:stdout_lines("^top root"))
+      end
+      local ks = set_of(kids)
+      for _, r in ipairs(open_who(port, 10)) do
+        assert.equal(n, r.n, "mp.workers()")
+        if n > 1 then
+          assert.truthy(ks[r.pid], "served by pid " .. r.pid .. ", not a worker")
+        else
+          assert.equal(root, r.pid)
+        end
+      end
+      assert.equal(0, srv:stop(H.SIGTERM, H.T(8)))
+    end)
+
+    it("the default counts the CPUs the process may run on (taskset -c 0: one process)", function()
+      local taskset
+      for _, p in ipairs { "/usr/bin/taskset", "/bin/taskset" } do
+        if H.exists(p) then taskset = p break end
+      end
+      if not taskset or nproc() < 2 then
+        pending("needs taskset and at least two CPUs")
+        return
+      end
+      assert.equal(1, nproc(taskset .. " -c 0 "))
+      local port = new_port()
+      local srv = H.spawn({ taskset, "-c", "0", H.bin, H.fixture("workers_echo.lua"), tostring(port) },
+        { env = { MOONPORT_WORKERS = false } })
+      started[#started + 1] = srv
+      H.wait_for(function()
+        if not srv:alive() then error("exited: " .. srv:describe(), 0) end
+        return srv:listens_on(port) and #srv:stdout_lines("^start ") >= 1
+      end, H.T(10), function() return "server start: " .. srv:describe() end)
+      H.sleep(0.2)
+      assert.same({}, children(srv:pid()))
+      for _, r in ipairs(open_who(port, 4)) do
+        assert.same({ srv:pid(), 1, 1 }, { r.pid, r.w, r.n })
+      end
+      assert.equal(0, srv:stop(H.SIGTERM, H.T(8)))
     end)
 
     it("-w 0, -w abc, -w 257 and --workers abc are usage errors", function()

@@ -330,6 +330,21 @@ static int reload_other(const char *path) {
   return 0;
 }
 
+/* A shutdown's deadline passed and a lane is still in a Lua callback (an
+ * endless loop can't be stopped from outside its thread): say which, and
+ * end the process without it. */
+static void exit_stuck(lx_server_t *srv) {
+  for (size_t i = 0; i < srv->nlanes; i++) {
+    lx_lane_t *ln = srv->lanes[i];
+    if (!atomic_load(&ln->busy_since)) continue;
+    const char *what = atomic_load(&ln->busy_what);
+    log_error("lane %zu is still running %s at the shutdown deadline; "
+              "exiting without it", i + 1, what ? what : "Lua");
+  }
+  pidfile_remove();
+  _exit(1);
+}
+
 static void lane_thread(void *arg, size_t index) {
   lx_server_t *srv = arg;
   lx_lane_run(srv->lanes[index]);
@@ -401,10 +416,15 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
 
   int handled = 0;
   bool orphan = false;
+  uint64_t hard = 0; /* shutting down: past this, lanes still in Lua are
+                        left behind (the process exits) */
   while ((size_t)atomic_load(&srv->lanes_done) < srv->nlanes) {
     struct pollfd p[2] = {{.fd = wake_fd, .events = POLLIN},
                           {.fd = ipc_fd, .events = POLLIN}};
-    poll(p, ipc_fd >= 0 ? 2 : 1, 1000);
+    uint64_t now = reactor_clock_ms();
+    if (hard && now >= hard) exit_stuck(srv);
+    int wait = hard && hard - now < 1000 ? (int)(hard - now) : 1000;
+    poll(p, ipc_fd >= 0 ? 2 : 1, wait);
     uint64_t v;
     ssize_t r = read(wake_fd, &v, sizeof(v));
     (void)r;
@@ -433,6 +453,8 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
       for (size_t i = 0; i < srv->nlanes; i++)
         reactor_shutdown(srv->lanes[i]->r, grace);
       ipc_fd = -1;
+      uint64_t h = reactor_clock_ms() + grace + 500;
+      if (!hard || h < hard) hard = h;
     }
     int seen = atomic_load(&signals_seen);
     if (seen == handled) continue;
@@ -441,6 +463,8 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
              handled == 0 ? "shutting down gracefully" : "closing now");
     for (size_t i = 0; i < srv->nlanes; i++)
       reactor_shutdown(srv->lanes[i]->r, handled == 0 ? srv->grace_ms : 0);
+    uint64_t h = reactor_clock_ms() + (handled == 0 ? srv->grace_ms : 0) + 2000;
+    if (!hard || h < hard) hard = h;
     handled = seen;
   }
   defer_pool_join(pool);
@@ -501,11 +525,13 @@ typedef struct {
  * replaced one at a time by processes that load it too. */
 static void root_reload(root_t *rt, const char *why) {
   char err[1024];
-  log_warn("%s: reloading %s", why, rt->srv->script);
+  log_info("%s: reloading %s", why, rt->srv->script);
   if (!lx_lane_reload_root(rt->srv, err, sizeof(err))) {
     log_error("reload failed; the old code keeps serving: %s", err);
     return;
   }
+  log_warn("%s: reloaded %s; replacing the workers one at a time", why,
+           rt->srv->script);
   cluster_roll(rt->c, "reload");
 }
 

@@ -415,7 +415,8 @@ struct lx_timer {
   lx_lane_t *ln;
   int fn_ref, done_ref, self_ref;
   bool failed;
-  struct lx_timer *prev, *next; /* the lane's running timers */
+  bool linked; /* on the lane's list of running timers */
+  struct lx_timer *prev, *next;
 };
 
 static void lx__timer_fire(mp_timer_t *mt) {
@@ -428,16 +429,22 @@ static void lx__timer_fire(mp_timer_t *mt) {
   lx_call_on(ln, co, co_ref, 1, LX_TIMER, NULL, t, "timer");
 }
 
+static void lx__timer_unlink(lx_timer_t *t) {
+  if (!t->linked) return;
+  t->linked = false;
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    t->ln->timers = t->next;
+  if (t->next) t->next->prev = t->prev;
+  t->prev = t->next = NULL;
+}
+
 static void lx__timer_finish(mp_timer_t *mt) {
   lx_timer_t *t = mt->udata;
   lx_lane_t *ln = t->ln;
   lua_State *L = ln->L;
-  if (t->prev)
-    t->prev->next = t->next;
-  else
-    ln->timers = t->next;
-  if (t->next) t->next->prev = t->prev;
-  t->prev = t->next = NULL;
+  lx__timer_unlink(t);
   if (!t->failed && t->done_ref != LUA_NOREF) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->done_ref);
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
@@ -459,8 +466,11 @@ int lx_timer_anchor(lx_timer_t *t) {
 void lx_timers_stop_all(lx_lane_t *ln) {
   while (ln->timers) {
     lx_timer_t *t = ln->timers;
+    /* Off the list first: a timer due in the batch now running finishes
+     * only when the batch reaches it. */
+    lx__timer_unlink(t);
     t->failed = true; /* no on_done: the code is being replaced */
-    timer_stop(reactor_timers(ln->r), &t->t); /* unlinks it */
+    timer_stop(reactor_timers(ln->r), &t->t);
   }
 }
 
@@ -485,6 +495,7 @@ static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
   timer_init(&t->t);
   t->ln = ln;
   t->failed = false;
+  t->linked = false;
   t->fn_ref = t->done_ref = t->self_ref = LUA_NOREF;
   luaL_getmetatable(L, LX_TIMER_MT);
   lua_setmetatable(L, -2);
@@ -496,6 +507,7 @@ static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
   t->next = ln->timers;
   if (t->next) t->next->prev = t;
   ln->timers = t;
+  t->linked = true;
   lua_pushvalue(L, fn_idx);
   t->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   if (done_idx && !lua_isnoneornil(L, done_idx)) {
