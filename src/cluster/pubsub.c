@@ -181,25 +181,47 @@ int pubsub_unsubscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
   return last;
 }
 
-static void pubsub__clear_list(pubsub_t *ps, entry_t **pp, int sink) {
+static void pubsub__clear_list(pubsub_t *ps, entry_t **pp, int sink,
+                               pubsub_key_fn gone, void *arg) {
   while (*pp) {
     entry_t *e = *pp;
     e->total -= e->per_sink[sink];
     e->per_sink[sink] = 0;
-    if (e->total == 0)
+    if (e->total == 0) {
+      if (gone) gone(e->key, e->len, e->pattern, arg);
       pubsub__drop(ps, pp);
-    else
+    } else {
       pp = &e->next;
+    }
   }
 }
 
-void pubsub_clear_sink(pubsub_t *ps, int sink) {
+void pubsub_clear_sink(pubsub_t *ps, int sink, pubsub_key_fn gone,
+                       void *arg) {
   if (sink < 0 || sink >= ps->nsinks) return;
   pthread_mutex_lock(&ps->lock);
   for (size_t i = 0; i < ps->nbuckets; i++)
-    pubsub__clear_list(ps, &ps->buckets[i], sink);
-  pubsub__clear_list(ps, &ps->patterns, sink);
+    pubsub__clear_list(ps, &ps->buckets[i], sink, gone, arg);
+  pubsub__clear_list(ps, &ps->patterns, sink, gone, arg);
   pthread_mutex_unlock(&ps->lock);
+}
+
+void pubsub_each(pubsub_t *ps, pubsub_key_fn fn, void *arg) {
+  pthread_mutex_lock(&ps->lock);
+  for (size_t i = 0; i < ps->nbuckets; i++)
+    for (entry_t *e = ps->buckets[i]; e; e = e->next)
+      fn(e->key, e->len, false, arg);
+  for (entry_t *e = ps->patterns; e; e = e->next) fn(e->key, e->len, true, arg);
+  pthread_mutex_unlock(&ps->lock);
+}
+
+int pubsub_matches(pubsub_t *ps, const char *ch, size_t len) {
+  pthread_mutex_lock(&ps->lock);
+  int n = *pubsub__find(ps, ch, len, false) != NULL;
+  for (entry_t *e = ps->patterns; e; e = e->next)
+    n += glob_match(e->key, e->len, ch, len);
+  pthread_mutex_unlock(&ps->lock);
+  return n;
 }
 
 /* Marks in `want` the sinks with a subscriber for m. Lock held. */

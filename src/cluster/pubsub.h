@@ -51,8 +51,20 @@ int pubsub_subscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
  * post office, 0 otherwise (also when there was none). */
 int pubsub_unsubscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
                        bool pattern);
-/* Forgets every subscription of `sink` (a worker that died). */
-void pubsub_clear_sink(pubsub_t *ps, int sink);
+/* A channel or pattern, for the calls below (called with the post
+ * office's lock held: it must not call into it). */
+typedef void (*pubsub_key_fn)(const char *key, size_t len, bool pattern,
+                              void *arg);
+/* Forgets every subscription of `sink` (a worker that died); gone (may be
+ * NULL) is told of each channel or pattern that has no subscriber left. */
+void pubsub_clear_sink(pubsub_t *ps, int sink, pubsub_key_fn gone,
+                       void *arg);
+/* Calls fn for every channel and pattern with a subscriber. */
+void pubsub_each(pubsub_t *ps, pubsub_key_fn fn, void *arg);
+/* How many subscriptions a message to `ch` matches, counting the channel
+ * once and each matching pattern once (as Redis sends it: one copy per
+ * matching subscription of a connection). */
+int pubsub_matches(pubsub_t *ps, const char *ch, size_t len);
 
 /* Hands `m` to every sink (but `except1` and `except2`; -1 for none) that
  * has a subscriber whose channel is m's channel or whose pattern matches
