@@ -69,6 +69,7 @@ bench: all
 	@bash scripts/setup --bench
 	@bash scripts/bench-echo
 	@bash scripts/bench-pubsub
+	@bash scripts/bench-redis
 
 run: setup
 	@$(MAKE) --no-print-directory all
