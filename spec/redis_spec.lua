@@ -1405,7 +1405,7 @@ describe("redis", function()
       -- r:close(): not connected any more
       assert.equal("closed", k.cmd("close"))
       assert.equal("connected false", k.cmd("connected"))
-      assert.equal('sent <nil> "not\\032connected"', k.cmd("cb GET " .. key))
+      assert.equal('sent <nil> "connection\\032closed"', k.cmd("cb GET " .. key))
       assert.is_true(K.srv:alive())
       assert.equal(0, (K.srv:stop()))
     end)

@@ -10,17 +10,26 @@
 
 #include "cluster/glob.h"
 
-pubsub_msg_t *pubsub_msg_new(const char *ch, size_t clen, const char *msg,
-                             size_t mlen, uint32_t flags) {
-  pubsub_msg_t *m = malloc(sizeof(*m) + clen + mlen);
+pubsub_msg_t *pubsub_msg_new_for(const char *ch, size_t clen, const char *msg,
+                                 size_t mlen, const char *pat, size_t plen,
+                                 uint32_t flags) {
+  pubsub_msg_t *m = malloc(sizeof(*m) + clen + mlen + plen);
   if (!m) return NULL;
   atomic_init(&m->refs, 1);
   m->flags = flags;
   m->clen = clen;
   m->mlen = mlen;
+  m->plen = plen;
   memcpy(m->data, ch, clen);
   if (mlen) memcpy(m->data + clen, msg, mlen);
+  if (plen) memcpy(m->data + clen + mlen, pat, plen);
   return m;
+}
+
+pubsub_msg_t *pubsub_msg_new(const char *ch, size_t clen, const char *msg,
+                             size_t mlen, uint32_t flags) {
+  return pubsub_msg_new_for(ch, clen, msg, mlen, NULL, 0,
+                            flags & ~(uint32_t)PUBSUB_PATTERN);
 }
 
 void pubsub_msg_ref(pubsub_msg_t *m) {
@@ -215,20 +224,21 @@ void pubsub_each(pubsub_t *ps, pubsub_key_fn fn, void *arg) {
   pthread_mutex_unlock(&ps->lock);
 }
 
-int pubsub_matches(pubsub_t *ps, const char *ch, size_t len) {
-  pthread_mutex_lock(&ps->lock);
-  int n = *pubsub__find(ps, ch, len, false) != NULL;
-  for (entry_t *e = ps->patterns; e; e = e->next)
-    n += glob_match(e->key, e->len, ch, len);
-  pthread_mutex_unlock(&ps->lock);
-  return n;
-}
+
 
 /* Marks in `want` the sinks with a subscriber for m. Lock held. */
 static void pubsub__match(pubsub_t *ps, const pubsub_msg_t *m, bool *want) {
-  entry_t *e = *pubsub__find(ps, m->data, m->clen, false);
+  entry_t *e;
+  if (m->flags & PUBSUB_PATTERN) { /* that pattern's subscribers only */
+    e = *pubsub__find(ps, pubsub_msg_pattern(m), m->plen, true);
+    if (e)
+      for (int i = 0; i < ps->nsinks; i++) want[i] |= e->per_sink[i] > 0;
+    return;
+  }
+  e = *pubsub__find(ps, m->data, m->clen, false);
   if (e)
     for (int i = 0; i < ps->nsinks; i++) want[i] |= e->per_sink[i] > 0;
+  if (m->flags & PUBSUB_EXACT) return;
   for (e = ps->patterns; e; e = e->next) {
     if (!glob_match(e->key, e->len, m->data, m->clen)) continue;
     for (int i = 0; i < ps->nsinks; i++) want[i] |= e->per_sink[i] > 0;

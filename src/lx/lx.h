@@ -153,6 +153,7 @@ struct lx_lane {
   struct lx_timer *timers; /* running mp.after / mp.every timers */
   bool free_posted;        /* retired: its free is queued */
   lx_lane_t *next_retired; /* srv->retired */
+  struct lx_redis *redis_clients; /* open mp.redis clients */
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
@@ -301,6 +302,8 @@ void lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
 
 /* Adds mp.redis to the module table at the top of L. */
 void lx_redis_open(lua_State *L, lx_lane_t *ln);
+/* Closes the lane's mp.redis clients (before its reactor goes). */
+void lx_redis_close_all(lx_lane_t *ln);
 
 /* ---- lx_moonport.c ---- */
 

@@ -72,13 +72,15 @@ void lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
   lx__post(srv, LX_PUB, false, ch, clen, msg, mlen, json);
 }
 
-/* A message from Redis: to every sink of this process that wants it. */
-static int lx__engine_msg(const char *ch, size_t clen, const char *msg,
-                          size_t mlen, void *arg) {
+/* A message from Redis, for the subscribers of its channel (pat NULL) or
+ * of pattern pat: to every sink of this process that has some. */
+static void lx__engine_msg(const char *ch, size_t clen, const char *msg,
+                           size_t mlen, const char *pat, size_t plen,
+                           void *arg) {
   lx_server_t *srv = arg;
-  uint32_t flags = 0;
+  uint32_t flags = pat ? PUBSUB_PATTERN : PUBSUB_EXACT;
   if (mlen >= LX_JSON_TAG_LEN && memcmp(msg, LX_JSON_TAG, LX_JSON_TAG_LEN) == 0) {
-    flags = PUBSUB_JSON;
+    flags |= PUBSUB_JSON;
     msg += LX_JSON_TAG_LEN;
     mlen -= LX_JSON_TAG_LEN;
   }
@@ -87,7 +89,7 @@ static int lx__engine_msg(const char *ch, size_t clen, const char *msg,
               "bytes (the limits are %d and %d)", mlen, clen, LX_MAX_MESSAGE,
               LX_MAX_CHANNEL);
   } else {
-    pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen, flags);
+    pubsub_msg_t *m = pubsub_msg_new_for(ch, clen, msg, mlen, pat, plen, flags);
     if (m) {
       pubsub_publish(srv->ps, m, -1, -1);
       pubsub_msg_unref(m);
@@ -95,7 +97,6 @@ static int lx__engine_msg(const char *ch, size_t clen, const char *msg,
       log_error("redis: out of memory; a message is lost");
     }
   }
-  return pubsub_matches(srv->ps, ch, clen);
 }
 
 static void lx__engine_each(void (*add)(const char *, size_t, bool, void *),

@@ -338,11 +338,23 @@ void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
     lua_pushlstring(L, pubsub_msg_body(m), m->mlen);
   }
   int msg_idx = lua_gettop(L);
+  if (m->flags & PUBSUB_PATTERN) { /* that pattern's subscribers only */
+    lx__lists(L, ln, true);
+    lua_pushlstring(L, pubsub_msg_pattern(m), m->plen);
+    lua_rawget(L, -2);
+    if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx);
+    lua_settop(L, top);
+    return;
+  }
   lx__lists(L, ln, false);
   lua_pushvalue(L, ch_idx);
   lua_rawget(L, -2);
   if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx);
   lua_pop(L, 2);
+  if (m->flags & PUBSUB_EXACT) {
+    lua_settop(L, top);
+    return;
+  }
   lx__lists(L, ln, true);
   int pats = lua_gettop(L);
   /* Matching patterns first, then calls: callbacks may change the table. */
@@ -529,8 +541,19 @@ static void lx__from_root(int type, unsigned flags, const char *ch,
     return;
   }
   if (type != IPC_DELIVER) return;
-  pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
-                                   flags & IPC_JSON ? PUBSUB_JSON : 0);
+  uint32_t f = (flags & IPC_JSON ? PUBSUB_JSON : 0) |
+               (flags & IPC_EXACT ? PUBSUB_EXACT : 0);
+  const char *pat = NULL;
+  uint32_t plen = 0;
+  if (flags & IPC_PATTERN) {
+    if (mlen < 4) return;
+    memcpy(&plen, msg + mlen - 4, 4);
+    if (plen > mlen - 4) return;
+    mlen -= 4 + plen;
+    pat = msg + mlen;
+    f |= PUBSUB_PATTERN;
+  }
+  pubsub_msg_t *m = pubsub_msg_new_for(ch, clen, msg, mlen, pat, plen, f);
   if (!m) {
     log_error("pub/sub: out of memory; a message is lost");
     return;
@@ -637,14 +660,23 @@ void lx_root_deliver(int sink, pubsub_msg_t *m, void *arg) {
   conn_t *c = p->uuid ? reactor_conn_find(srv->lanes[0]->r, p->uuid) : NULL;
   if (!c) return; /* between a worker's death and its replacement */
   char hdr[IPC_HEADER + LX_MAX_CHANNEL];
-  ipc_header(hdr, IPC_DELIVER, m->flags & PUBSUB_JSON ? IPC_JSON : 0, m->clen,
-             m->mlen);
+  bool pat = m->flags & PUBSUB_PATTERN;
+  unsigned f = (m->flags & PUBSUB_JSON ? IPC_JSON : 0) |
+               (m->flags & PUBSUB_EXACT ? IPC_EXACT : 0) |
+               (pat ? IPC_PATTERN : 0);
+  ipc_header(hdr, IPC_DELIVER, f, m->clen,
+             m->mlen + (pat ? m->plen + 4 : 0));
   memcpy(hdr + IPC_HEADER, pubsub_msg_channel(m), m->clen);
   int rc = reactor_conn_write(c, hdr, IPC_HEADER + m->clen);
   if (rc == 0 && m->mlen) {
     pubsub_msg_ref(m);
     rc = reactor_conn_write_ref(c, pubsub_msg_body(m), m->mlen,
                                 lx__release_msg, m, NULL);
+  }
+  if (rc == 0 && pat) { /* the pattern, then its length */
+    uint32_t plen = (uint32_t)m->plen;
+    rc = reactor_conn_write(c, pubsub_msg_pattern(m), m->plen);
+    if (rc == 0) rc = reactor_conn_write(c, (const char *)&plen, 4);
   }
   if (rc == -ENOBUFS) {
     /* Half a frame would corrupt the stream: the worker is too far behind

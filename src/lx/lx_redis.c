@@ -14,9 +14,10 @@
 #define LX_REDIS_MT "moonport.redis"
 #define LX_REDIS_MAX_ARGS 1024 * 1024
 
-typedef struct {
-  redis_link_t *link;
+typedef struct lx_redis {
+  redis_link_t *link; /* NULL once closed */
   lx_lane_t *ln;
+  struct lx_redis *prev, *next; /* the lane's open clients */
   char desc[300];
 } lx_redis_t;
 
@@ -75,13 +76,31 @@ static int lx__push_reply(lua_State *L, const redisReply *r, int depth) {
 /* Set while a client is freed: its pending replies run no Lua then. */
 static __thread bool lx_redis_freeing;
 
+/* A waiting command of a client that was closed: it returns nil and
+ * "connection closed", from a task (not from inside close). */
+static void lx__closed_task(void *a, void *b) {
+  lx_req_t *q = a;
+  lx_lane_t *ln = q->ln;
+  lx_run_t run = q->run;
+  free(q);
+  if (ln->closing) return;
+  lua_pushnil(run.co);
+  lua_pushliteral(run.co, "connection closed");
+  lx_resume(ln, &run, 2);
+}
+
 static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
   lx_req_t *q = priv;
   lx_lane_t *ln = q->ln;
-  if (ln->closing || lx_redis_freeing) { /* no Lua to call now */
-    if (!ln->closing && q->fn_ref != LUA_NOREF)
-      luaL_unref(ln->L, LUA_REGISTRYINDEX, q->fn_ref);
-    if (!ln->closing && q->waiting) lx_run_abandon(ln, &q->run);
+  if (ln->closing) { /* the VM goes: nothing to call */
+    free(q);
+    return;
+  }
+  if (lx_redis_freeing) { /* r:close() or collected: no Lua from here */
+    if (q->waiting && reactor_defer(ln->r, lx__closed_task, q, NULL) == 0)
+      return;
+    if (q->waiting) lx_run_abandon(ln, &q->run);
+    if (q->fn_ref != LUA_NOREF) luaL_unref(ln->L, LUA_REGISTRYINDEX, q->fn_ref);
     free(q);
     return;
   }
@@ -150,10 +169,13 @@ static int lx_redis_send(lua_State *L) {
   if (!q) return luaL_error(L, "redis: out of memory");
   q->ln = rc->ln;
   int err = lx__send(L, rc, 2, top - 1, q);
-  if (err == -2) { /* not connected: the callback hears it, later */
+  if (err == -2) { /* not connected: nothing will call back */
     free(q);
     lua_pushnil(L);
-    lua_pushliteral(L, "not connected");
+    if (rc->link)
+      lua_pushliteral(L, "not connected");
+    else
+      lua_pushliteral(L, "connection closed");
     return 2;
   }
   if (err) {
@@ -166,12 +188,27 @@ static int lx_redis_send(lua_State *L) {
   return 1;
 }
 
-/* Checks a waiting r:cmd(...) before it yields. */
+/* Checks a waiting r:cmd(...) before it yields: raises on misuse;
+ * returns false and why when it can't be sent (the caller returns nil and
+ * that), true otherwise. */
 static int lx_redis_check(lua_State *L) {
-  luaL_checkudata(L, 1, LX_REDIS_MT);
-  if (lua_gettop(L) < 2) return luaL_error(L, "redis: cmd needs a command name");
+  lx_redis_t *rc = luaL_checkudata(L, 1, LX_REDIS_MT);
+  int top = lua_gettop(L);
+  if (top < 2) return luaL_error(L, "redis: cmd needs a command name");
+  for (int i = 2; i <= top; i++) {
+    int t = lua_type(L, i);
+    if (t != LUA_TSTRING && t != LUA_TNUMBER)
+      return luaL_error(L, "redis: argument %d is a %s (strings and numbers "
+                           "only)", i - 1, luaL_typename(L, i));
+  }
   lx_check_waitable(L, lua_touserdata(L, lua_upvalueindex(1)), "redis cmd");
-  return 0;
+  if (!rc->link || !redis_link_ctx_any(rc->link)) {
+    lua_pushboolean(L, 0);
+    lua_pushstring(L, rc->link ? "not connected" : "connection closed");
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* Arms a waiting r:cmd: the client is at co's index 3, the command after. */
@@ -198,17 +235,32 @@ static const char lx_redis_cmd_src[] =
     "  if n > 0 and type(select(n, ...)) == 'function' then\n"
     "    return send(self, ...)\n"
     "  end\n"
-    "  check(self, ...)\n"
+    "  local ok, err = check(self, ...)\n"
+    "  if not ok then return nil, err end\n"
     "  return yield(TOKEN, ARM, self, ...)\n"
     "end\n";
 
-static int lx_redis_gc(lua_State *L) {
-  lx_redis_t *rc = luaL_checkudata(L, 1, LX_REDIS_MT);
+static void lx__redis_close(lx_redis_t *rc) {
   redis_link_t *l = rc->link;
+  if (!l) return;
   rc->link = NULL;
+  if (rc->prev)
+    rc->prev->next = rc->next;
+  else
+    rc->ln->redis_clients = rc->next;
+  if (rc->next) rc->next->prev = rc->prev;
+  rc->prev = rc->next = NULL;
   lx_redis_freeing = true;
   redis_link_free(l); /* pending replies come back as NULL */
   lx_redis_freeing = false;
+}
+
+void lx_redis_close_all(lx_lane_t *ln) {
+  while (ln->redis_clients) lx__redis_close(ln->redis_clients);
+}
+
+static int lx_redis_gc(lua_State *L) {
+  lx__redis_close(luaL_checkudata(L, 1, LX_REDIS_MT));
   return 0;
 }
 
@@ -243,6 +295,9 @@ static int lx_redis_new(lua_State *L) {
   rc->link = redis_link_new(ln->r, &u, "redis (mp.redis)", 3000,
                             (redis_link_hooks_t){NULL, NULL}, NULL);
   if (!rc->link) return luaL_error(L, "mp.redis: out of memory");
+  rc->next = ln->redis_clients;
+  if (rc->next) rc->next->prev = rc;
+  ln->redis_clients = rc;
   return 1;
 }
 

@@ -197,6 +197,16 @@ static void redis__went_down(redis_link_t *l) {
   if (was_up && l->hooks.down) l->hooks.down(l, l->arg);
 }
 
+/* Connected, and AUTH and SELECT (if any) accepted: the link is up. */
+static void redis__ready(redis_link_t *l) {
+  timer_stop(reactor_timers(l->r), &l->connect_timer);
+  l->up = true;
+  l->backoff = REDIS_BACKOFF_MIN_MS;
+  if (l->failures) log_warn("%s: connected to %s:%d", l->name, l->u.host, l->u.port);
+  l->failures = 0;
+  if (l->hooks.up) l->hooks.up(l, l->arg);
+}
+
 static void redis__on_connect(const redisAsyncContext *ac, int status) {
   redis_link_t *l = ac->ev.data;
   if (status != REDIS_OK) {
@@ -205,14 +215,8 @@ static void redis__on_connect(const redisAsyncContext *ac, int status) {
     redis__went_down(l);
     return;
   }
-  timer_stop(reactor_timers(l->r), &l->connect_timer);
-  l->up = true;
-  if (!l->u.password[0]) { /* nothing can fail the way AUTH does */
-    l->backoff = REDIS_BACKOFF_MIN_MS;
-    if (l->failures) log_warn("%s: connected to %s:%d", l->name, l->u.host, l->u.port);
-    l->failures = 0;
-  }
-  if (l->hooks.up) l->hooks.up(l, l->arg);
+  if (!l->u.password[0] && !l->u.db) redis__ready(l);
+  /* else up once the last of AUTH and SELECT is accepted */
 }
 
 static void redis__on_disconnect(const redisAsyncContext *ac, int status) {
@@ -234,24 +238,25 @@ static void redis__auth_reply(redisAsyncContext *ac, void *r, void *priv) {
     redisAsyncDisconnect(ac);
     return;
   }
-  l->backoff = REDIS_BACKOFF_MIN_MS;
-  if (l->failures) log_warn("%s: connected to %s:%d", l->name, l->u.host, l->u.port);
-  l->failures = 0;
+  if (!l->u.db) redis__ready(l);
 }
 
 static void redis__select_reply(redisAsyncContext *ac, void *r, void *priv) {
   redis_link_t *l = priv;
   redisReply *reply = r;
-  if (reply && l->ac == ac && reply->type == REDIS_REPLY_ERROR) {
+  if (!reply || l->ac != ac) return;
+  if (reply->type == REDIS_REPLY_ERROR) {
     redis__failed(l, "SELECT refused by", reply->str);
     redisAsyncDisconnect(ac);
+    return;
   }
+  redis__ready(l);
 }
 
 static void redis__connect_timeout(mp_timer_t *t) {
   redis_link_t *l = t->udata;
   redisAsyncContext *ac = l->ac;
-  if (!ac || l->up) return;
+  if (!ac || l->up) return; /* (a handshake that hangs times out too) */
   l->ac = NULL;
   redisAsyncFree(ac);
   redis__failed(l, "timed out connecting to", "no answer");
@@ -352,13 +357,13 @@ struct redis_engine {
   void *arg;
   redis_pending_t *head, *tail; /* publishes waiting for Redis */
   size_t queued, queued_bytes, dropped;
-  /* A message to a channel that also matches patterns comes once per
-   * matching subscription, in a row: the copies after the first are
-   * skipped. */
-  char *last;
-  size_t last_clen, last_mlen;
-  int skip;
+  /* SUBSCRIBEs sent and not confirmed yet: publishes wait for them, or
+   * a message published right after a subscription could reach Redis
+   * (on the other connection) before it. */
+  int sub_pending;
 };
+
+static void redis__flush(redis_engine_t *e);
 
 static void redis__message(redisAsyncContext *ac, void *r, void *priv) {
   redis_engine_t *e = priv;
@@ -367,36 +372,27 @@ static void redis__message(redisAsyncContext *ac, void *r, void *priv) {
     return;
   redisReply **el = reply->element;
   if (el[0]->type != REDIS_REPLY_STRING) return;
-  redisReply *ch, *msg;
-  if (strcmp(el[0]->str, "message") == 0) {
+  const char *kind = el[0]->str;
+  if (strcmp(kind, "subscribe") == 0 || strcmp(kind, "psubscribe") == 0) {
+    if (e->sub_pending > 0 && --e->sub_pending == 0) redis__flush(e);
+    return;
+  }
+  redisReply *ch, *msg, *pat = NULL;
+  if (strcmp(kind, "message") == 0) {
     ch = el[1];
     msg = el[2];
-  } else if (strcmp(el[0]->str, "pmessage") == 0 && reply->elements == 4) {
+  } else if (strcmp(kind, "pmessage") == 0 && reply->elements == 4) {
+    pat = el[1];
     ch = el[2];
     msg = el[3];
+    if (pat->type != REDIS_REPLY_STRING) return;
   } else {
-    return; /* subscribe / unsubscribe confirmations */
+    return; /* unsubscribe confirmations */
   }
   if (ch->type != REDIS_REPLY_STRING || msg->type != REDIS_REPLY_STRING)
     return;
-  size_t clen = ch->len, mlen = msg->len;
-  if (e->skip > 0 && e->last && e->last_clen == clen && e->last_mlen == mlen &&
-      memcmp(e->last, ch->str, clen) == 0 &&
-      memcmp(e->last + clen, msg->str, mlen) == 0) {
-    e->skip--;
-    return;
-  }
-  e->skip = 0;
-  int copies = e->on_msg(ch->str, clen, msg->str, mlen, e->arg);
-  free(e->last);
-  e->last = NULL;
-  if (copies > 1 && (e->last = malloc(clen + mlen ? clen + mlen : 1))) {
-    memcpy(e->last, ch->str, clen);
-    memcpy(e->last + clen, msg->str, mlen);
-    e->last_clen = clen;
-    e->last_mlen = mlen;
-    e->skip = copies - 1;
-  }
+  e->on_msg(ch->str, ch->len, msg->str, msg->len, pat ? pat->str : NULL,
+            pat ? pat->len : 0, e->arg);
 }
 
 static void redis__sub_one(const char *ch, size_t len, bool pattern,
@@ -406,15 +402,20 @@ static void redis__sub_one(const char *ch, size_t len, bool pattern,
   if (!ac) return;
   const char *argv[2] = {pattern ? "PSUBSCRIBE" : "SUBSCRIBE", ch};
   size_t lens[2] = {strlen(argv[0]), len};
-  redisAsyncCommandArgv(ac, redis__message, e, 2, argv, lens);
+  if (redisAsyncCommandArgv(ac, redis__message, e, 2, argv, lens) == REDIS_OK)
+    e->sub_pending++;
+}
+
+static void redis__sub_down(redis_link_t *l, void *arg) {
+  redis_engine_t *e = arg;
+  e->sub_pending = 0; /* subscribed again when it is back */
+  redis__flush(e);
 }
 
 static void redis__sub_up(redis_link_t *l, void *arg) {
   redis_engine_t *e = arg;
   if (e->each) e->each(redis__sub_one, e, e->arg);
 }
-
-static void redis__flush(redis_engine_t *e);
 
 static void redis__pub_up(redis_link_t *l, void *arg) { redis__flush(arg); }
 
@@ -427,7 +428,7 @@ redis_engine_t *redis_engine_new(reactor_t *r, const redis_url_t *u,
   e->each = each;
   e->arg = arg;
   e->sub = redis_link_new(r, u, "redis (subscriber)", 3000,
-                          (redis_link_hooks_t){redis__sub_up, NULL}, e);
+                          (redis_link_hooks_t){redis__sub_up, redis__sub_down}, e);
   e->pub = redis_link_new(r, u, "redis (publisher)", 3000,
                           (redis_link_hooks_t){redis__pub_up, NULL}, e);
   if (!e->sub || !e->pub) {
@@ -446,7 +447,6 @@ void redis_engine_free(redis_engine_t *e) {
     e->head = p->next;
     free(p);
   }
-  free(e->last);
   free(e);
 }
 
@@ -485,6 +485,7 @@ static int redis__send(redis_engine_t *e, const char *ch, size_t clen,
 }
 
 static void redis__flush(redis_engine_t *e) {
+  if (e->sub_pending > 0 || !redis_link_ctx(e->pub)) return;
   if (e->dropped) {
     log_error("redis: Redis was away; dropped the %zu oldest messages "
               "waiting to be published", e->dropped);
@@ -503,7 +504,8 @@ static void redis__flush(redis_engine_t *e) {
 
 void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
                           const char *msg, size_t mlen) {
-  if (!e->head && redis__send(e, ch, clen, msg, mlen) == 0) return;
+  if (!e->head && !e->sub_pending && redis__send(e, ch, clen, msg, mlen) == 0)
+    return;
   redis_pending_t *p = malloc(sizeof(*p) + clen + mlen);
   if (!p) {
     e->dropped++;
@@ -529,7 +531,7 @@ void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
     e->queued--;
     e->queued_bytes -= old->clen + old->mlen;
     free(old);
-    if (e->dropped++ % 1000 == 0)
+    if (e->dropped++ == 0)
       log_error("redis: Redis is away and %d messages wait; dropping the "
                 "oldest", REDIS_QUEUE_MAX);
   }

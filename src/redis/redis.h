@@ -53,11 +53,12 @@ void redis_link_free(redis_link_t *l);
 
 typedef struct redis_engine redis_engine_t;
 
-/* A message that came through Redis. Returns how many subscriptions of
- * this server it matches (its channel once, each matching pattern once):
- * Redis sends that many copies in a row, and the engine drops the others. */
-typedef int (*redis_msg_fn)(const char *ch, size_t clen, const char *msg,
-                            size_t mlen, void *arg);
+/* A message that came through Redis, for one subscription: the exact
+ * channel's (pat NULL) or pattern pat's. Redis sends one copy per
+ * matching subscription, so each copy is for its own subscribers only. */
+typedef void (*redis_msg_fn)(const char *ch, size_t clen, const char *msg,
+                             size_t mlen, const char *pat, size_t plen,
+                             void *arg);
 /* Calls add(ch, len, pattern, add_arg) for every channel and pattern the
  * server subscribes to (to subscribe again after a reconnect). */
 typedef void (*redis_each_fn)(void (*add)(const char *ch, size_t len,
