@@ -19,10 +19,10 @@ else
 endif
 CFLAGS  += $(BASE) $(OPT)
 LDFLAGS += $(OPT) -pthread -rdynamic
-LDLIBS  += $(LUAJIT_LIBS) -lm -ldl
+LDLIBS  += $(LUAJIT_LIBS) -lhiredis -lm -ldl
 
 OUT     := build/$(VARIANT)
-SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/lx/*.c)
+SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/lx/*.c)
 OBJS    := $(SRCS:%.c=$(OUT)/%.o)
 UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN     := $(OUT)/moonport
@@ -69,6 +69,7 @@ bench: all
 	@bash scripts/setup --bench
 	@bash scripts/bench-echo
 	@bash scripts/bench-pubsub
+	@bash scripts/bench-redis
 
 run: setup
 	@$(MAKE) --no-print-directory all

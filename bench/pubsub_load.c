@@ -35,6 +35,17 @@
  * parent is PID (its workers) is read at the start and the end of the
  * measured window.
  *
+ * Several servers (scripts/bench-redis: moonport servers joined through
+ * Redis): -p PORT,PORT,... spreads the subscribers over them in turn
+ * (subscriber i on port i mod N) and publishes on the first; -P may be
+ * given once per server (their CPU adds up); -X PID reads the CPU time of
+ * one more process (Redis) as extra_ticks; -s SECONDS waits that long
+ * after the last subscription is acknowledged before publishing (Redis
+ * subscribes asynchronously). Per server: srv<K>_subs, srv<K>_p50_us,
+ * srv<K>_p99_us, srv<K>_arr_p50_us, srv<K>_arr_p99_us (K from 0, in -p
+ * order; only with more than one port). Worker indexes (dist, w<W>_*) are
+ * then those of all servers together.
+ *
  * Prints one line of key=value pairs on stdout (for the script) and a
  * readable summary on stderr:
  *   msgs=N secs=S msg_rate=R deliveries=D delivery_rate=R p50_us=.. p90_us=..
@@ -81,9 +92,10 @@
 static long long tree_ticks(int root, int *pids, int *np, long long *root_ticks,
                             long long *ksoftirqd)
 {
+    if (*np >= MAX_PROCS)
+        return -1;
     long long total = proc_stat(root, NULL, NULL);
     *ksoftirqd = 0;
-    *np = 0;
     if (total < 0)
         return -1;
     *root_ticks = total;
@@ -111,6 +123,30 @@ static long long tree_ticks(int root, int *pids, int *np, long long *root_ticks,
     return total;
 }
 
+#define MAX_SERVERS 8
+
+/* tree_ticks summed over every server root in roots[0..n) (pids of all
+ * of them to pids[], the roots' own ticks to *root_ticks; ksoftirqd
+ * counted once); -1 if a root is unreadable. */
+static long long trees_ticks(const int *roots, int n, int *pids, int *np,
+                             long long *root_ticks, long long *ksoftirqd)
+{
+    long long total = 0, r = 0, k = 0;
+    *np = 0;
+    *root_ticks = 0;
+    *ksoftirqd = 0;
+    for (int i = 0; i < n; i++) {
+        long long t = tree_ticks(roots[i], pids, np, &r, &k);
+        if (t < 0)
+            return -1;
+        total += t;
+        *root_ticks += r;
+        if (i == 0)
+            *ksoftirqd = k;
+    }
+    return total;
+}
+
 static int same_procs(const int *a, int na, const int *b, int nb)
 {
     if (na != nb)
@@ -131,9 +167,11 @@ static void usage(void)
         "usage: pubsub_load [-H host] [-p port] [-c subscribers] [-n workers]\n"
         "                   [-d seconds] [-w warmup_seconds] [-q in_flight]\n"
         "                   [-r msgs_per_sec] [-m msg_bytes] [-P server_pid] [-T]\n"
+        "                   [-X other_pid] [-s settle_seconds]\n"
         "  defaults: -H 127.0.0.1 -p 3002 -c 1000 -d 10 -w 1 -q 16 -r 0 (no rate\n"
         "  limit, only -q) -m 64; -n 0 accepts any spread over workers;\n"
-        "  -T: no kernel receive timestamps (no arrival latency)\n");
+        "  -T: no kernel receive timestamps (no arrival latency);\n"
+        "  -p PORT,PORT,...: several servers (publisher on the first); -P once per server\n");
     exit(2);
 }
 
@@ -145,6 +183,7 @@ static void usage(void)
 
 struct sub {
     int fd;
+    int srv;           /* which server (index in -p) */
     int worker;        /* from the ack; -1 before */
     uint64_t expect;   /* next sequence number due */
     uint16_t part_len; /* bytes of an unfinished line */
@@ -167,6 +206,10 @@ static uint64_t m_deliveries, m_msgs, total_deliveries;
 static uint64_t last_progress;
 static hist_t hist_all, hist_w[MAX_WORKERS];
 static hist_t hist_arr, hist_arr_w[MAX_WORKERS]; /* kernel arrival time */
+static hist_t hist_srv[MAX_SERVERS], hist_arr_srv[MAX_SERVERS]; /* per server */
+static struct sockaddr_in addrs[MAX_SERVERS];
+static int naddrs = 1;
+static int srv_subs[MAX_SERVERS];
 static int64_t real_minus_mono;     /* CLOCK_REALTIME - CLOCK_MONOTONIC, ns */
 static uint64_t no_rx_stamp;        /* reads that came without a timestamp */
 static int rx_stamps = 1;           /* -T turns SO_TIMESTAMPNS off */
@@ -230,10 +273,12 @@ static void on_line(struct sub *s, char *line, size_t len, uint64_t t, uint64_t 
         uint64_t lat = t >= ts ? t - ts : 0;
         hist_add(&hist_all, lat);
         hist_add(&hist_w[s->worker], lat);
+        hist_add(&hist_srv[s->srv], lat);
         if (arrived) {
             lat = arrived >= ts ? arrived - ts : 0;
             hist_add(&hist_arr, lat);
             hist_add(&hist_arr_w[s->worker], lat);
+            hist_add(&hist_arr_srv[s->srv], lat);
         }
         s->lat_sum += lat;
         s->lat_n++;
@@ -339,7 +384,7 @@ static int new_socket(const struct sockaddr_in *sa)
  * flight), sends "sub\n" on each, and waits for every ack.
  * Returns 0, or -1 with a message printed.
  */
-static int subscribe_all(const struct sockaddr_in *sa, int window, double limit_s)
+static int subscribe_all(int window, double limit_s)
 {
     int next = 0, pending = 0, connected = 0, retries = 0;
     struct epoll_event evs[512];
@@ -348,7 +393,8 @@ static int subscribe_all(const struct sockaddr_in *sa, int window, double limit_
     while (acked < nsubs) {
         while (next < nsubs && pending < window) {
             struct sub *s = &subs[next];
-            s->fd = new_socket(sa);
+            s->srv = next % naddrs;
+            s->fd = new_socket(&addrs[s->srv]);
             if (s->fd < 0) {
                 fprintf(stderr, "pubsub_load: connection %d: %s\n", next, strerror(errno));
                 return -1;
@@ -387,7 +433,7 @@ static int subscribe_all(const struct sockaddr_in *sa, int window, double limit_
                      err == ECONNRESET) && retries < 100) {
                     retries++;
                     close(s->fd);
-                    s->fd = new_socket(sa);
+                    s->fd = new_socket(&addrs[s->srv]);
                     if (s->fd < 0)
                         die("connect");
                     struct epoll_event e = { .events = EPOLLOUT, .data.u32 = (uint32_t)idx };
@@ -506,15 +552,18 @@ static void print_lag(void)
 int main(int argc, char **argv)
 {
     const char *host = "127.0.0.1";
-    int port = 3002, pid = 0, want_workers = 0, window = 16, opt;
-    double seconds = 10, warmup = 1, rate = 0;
+    int port = 3002, want_workers = 0, window = 16, opt;
+    int roots[MAX_SERVERS], nroots = 0, xpid = 0;
+    int ports[MAX_SERVERS];
+    const char *port_list = NULL;
+    double seconds = 10, warmup = 1, rate = 0, settle = 0;
     nsubs = 1000;
     msg_size = 64;
 
-    while ((opt = getopt(argc, argv, "H:p:c:n:d:w:q:r:m:P:Th")) != -1) {
+    while ((opt = getopt(argc, argv, "H:p:c:n:d:w:q:r:m:P:TX:s:h")) != -1) {
         switch (opt) {
         case 'H': host = optarg; break;
-        case 'p': port = atoi(optarg); break;
+        case 'p': port_list = optarg; break;
         case 'c': nsubs = atoi(optarg); break;
         case 'n': want_workers = atoi(optarg); break;
         case 'd': seconds = atof(optarg); break;
@@ -522,12 +571,36 @@ int main(int argc, char **argv)
         case 'q': window = atoi(optarg); break;
         case 'r': rate = atof(optarg); break;
         case 'm': msg_size = (size_t)atol(optarg); break;
-        case 'P': pid = atoi(optarg); break;
+        case 'P':
+            if (nroots == MAX_SERVERS)
+                usage();
+            roots[nroots++] = atoi(optarg);
+            break;
         case 'T': rx_stamps = 0; break;
+        case 'X': xpid = atoi(optarg); break;
+        case 's': settle = atof(optarg); break;
         default: usage();
         }
     }
-    if (optind != argc || port <= 0 || port > 65535 || nsubs <= 0 || seconds <= 0 ||
+    ports[0] = port;
+    if (port_list) {
+        naddrs = 0;
+        for (const char *p = port_list; *p && naddrs < MAX_SERVERS + 1; ) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v <= 0 || v > 65535 || naddrs == MAX_SERVERS)
+                usage();
+            ports[naddrs++] = (int)v;
+            p = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',')
+                usage();
+        }
+        if (naddrs == 0)
+            usage();
+        port = ports[0];
+    }
+    int pid = nroots ? roots[0] : 0; /* "CPU measured" below */
+    if (optind != argc || port <= 0 || port > 65535 || nsubs <= 0 || seconds <= 0 || settle < 0 ||
         warmup < 0 || window < 1 || (unsigned)window > RING || rate < 0 ||
         msg_size < 16 || msg_size > 1024 || want_workers < 0)
         usage();
@@ -536,6 +609,10 @@ int main(int argc, char **argv)
     int rc = bench_setup(host, port, nsubs, "subscribers", &sa);
     if (rc)
         return rc;
+    addrs[0] = sa;
+    for (int i = 1; i < naddrs; i++)
+        if (parse_addr(host, ports[i], &addrs[i]) < 0)
+            return 2;
 
     subs = calloc((size_t)nsubs, sizeof *subs);
     char *parts = malloc((size_t)nsubs * MAX_LINE);
@@ -552,9 +629,22 @@ int main(int argc, char **argv)
 
     /* 1. subscribers */
     uint64_t t0 = now_ns();
-    if (subscribe_all(&sa, 256, 30) < 0)
+    if (subscribe_all(256, 30) < 0)
         return 1;
     double sub_s = (double)(now_ns() - t0) / 1e9;
+    for (int i = 0; i < nsubs; i++)
+        srv_subs[subs[i].srv]++;
+    if (settle > 0) {
+        /* keep reading (nothing should come) while the servers settle */
+        uint64_t until = now_ns() + (uint64_t)(settle * 1e9);
+        struct epoll_event sev[512];
+        while (now_ns() < until && !stop_flag) {
+            int n = epoll_wait(ep, sev, 512, 10);
+            for (int i = 0; i < n; i++)
+                if (subs[sev[i].data.u32].fd >= 0)
+                    sub_read(&subs[sev[i].data.u32]);
+        }
+    }
     int nworkers_seen = 0;
     char dist_s[512] = "";
     size_t dl = 0;
@@ -616,6 +706,7 @@ int main(int argc, char **argv)
     long long cpu0 = -1, cpu1 = -1, root0 = 0, root1 = 0, ksi0 = 0, ksi1 = 0;
     double self0 = self_cpu_s();
     long long sirq0 = 0, sirq1 = 0;
+    long long x0 = -1, x1 = -1; /* -X: the other process's ticks */
     long long busy0 = machine_busy_ticks(&sirq0), busy1 = -1;
     uint64_t start = now_ns();
     uint64_t t_measure = start + (uint64_t)(warmup * 1e9);
@@ -626,8 +717,10 @@ int main(int argc, char **argv)
     if (warmup <= 0) {
         measuring = 1;
         t_measure = start;
+        if (xpid)
+            x0 = proc_stat(xpid, NULL, NULL);
         if (pid)
-            cpu0 = tree_ticks(pid, pids0, &np0, &root0, &ksi0);
+            cpu0 = trees_ticks(roots, nroots, pids0, &np0, &root0, &ksi0);
     }
     last_progress = start;
 
@@ -692,15 +785,19 @@ int main(int argc, char **argv)
             t_measure = now;
             t_end = now + (uint64_t)(seconds * 1e9);
             if (pid)
-                cpu0 = tree_ticks(pid, pids0, &np0, &root0, &ksi0);
+                cpu0 = trees_ticks(roots, nroots, pids0, &np0, &root0, &ksi0);
             self0 = self_cpu_s();
             busy0 = machine_busy_ticks(&sirq0);
+            if (xpid)
+                x0 = proc_stat(xpid, NULL, NULL);
         }
         if (measuring && !draining && now >= t_end) {
             t_stop = now;
             if (pid)
-                cpu1 = tree_ticks(pid, pids1, &np1, &root1, &ksi1);
+                cpu1 = trees_ticks(roots, nroots, pids1, &np1, &root1, &ksi1);
             busy1 = machine_busy_ticks(&sirq1);
+            if (xpid)
+                x1 = proc_stat(xpid, NULL, NULL);
             self0 = self_cpu_s() - self0; /* from here on: the window's CPU time */
             measuring = 0;
             draining = 1;
@@ -722,8 +819,10 @@ int main(int argc, char **argv)
     if (!draining) { /* stopped early: close the window here */
         t_stop = now;
         if (pid)
-            cpu1 = tree_ticks(pid, pids1, &np1, &root1, &ksi1);
+            cpu1 = trees_ticks(roots, nroots, pids1, &np1, &root1, &ksi1);
         busy1 = machine_busy_ticks(&sirq1);
+        if (xpid)
+            x1 = proc_stat(xpid, NULL, NULL);
         self0 = self_cpu_s() - self0;
     }
     double self_cpu = self0;
@@ -784,6 +883,14 @@ int main(int argc, char **argv)
                    hist_pct_us(&hist_w[w], 50), w, hist_pct_us(&hist_w[w], 99), w,
                    hist_pct_us(&hist_arr_w[w], 50), w, hist_pct_us(&hist_arr_w[w], 99), w,
                    (unsigned long long)hist_w[w].n);
+    if (naddrs > 1)
+        for (int k = 0; k < naddrs; k++)
+            printf(" srv%d_subs=%d srv%d_p50_us=%.1f srv%d_p99_us=%.1f srv%d_arr_p50_us=%.1f "
+                   "srv%d_arr_p99_us=%.1f", k, srv_subs[k], k, hist_pct_us(&hist_srv[k], 50),
+                   k, hist_pct_us(&hist_srv[k], 99), k, hist_pct_us(&hist_arr_srv[k], 50),
+                   k, hist_pct_us(&hist_arr_srv[k], 99));
+    if (xpid)
+        printf(" extra_ticks=%lld", (x0 >= 0 && x1 >= 0) ? x1 - x0 : -1LL);
     printf(" client_cpu_pct=%.0f client_cpu_s=%.3f machine_busy_ticks=%lld "
            "machine_softirq_ticks=%lld",
            100.0 * self_cpu / secs, self_cpu,

@@ -34,6 +34,8 @@ static const char usage[] =
     "  -w, --workers N   worker processes; with more than one, a root\n"
     "                    process supervises them (the number of CPU cores;\n"
     "                    1: one process, no fork) [MOONPORT_WORKERS]\n"
+    "  --redis URL       pub/sub across servers through Redis:\n"
+    "                    redis://[:password@]host[:port][/db] [MOONPORT_REDIS]\n"
     "  --pidfile PATH    write the root's pid to PATH\n"
     "  --reload PIDFILE  ask the server with that pid file to reload its\n"
     "                    script (as kill -HUP does), then exit\n"
@@ -57,6 +59,7 @@ typedef struct {
   double drain;    /* seconds a replaced worker has to finish */
   double lua_timeout; /* seconds a callback may run; 0: no watchdog */
   const char *pidfile;
+  const char *redis;   /* --redis URL */
   const char *reload;  /* --reload PIDFILE */
   bool watch;
   long max_memory; /* MB, 0: none */
@@ -98,6 +101,7 @@ static int parse_env(options_t *o) {
   if ((v = getenv("MOONPORT_DRAIN_TIMEOUT")) && *v &&
       !parse_double(v, 0, 86400, &o->drain))
     return 1 + usage_error("MOONPORT_DRAIN_TIMEOUT must be 0 to 86400 seconds, not '%s'", v);
+  if ((v = getenv("MOONPORT_REDIS")) && *v) o->redis = v;
   if ((v = getenv("MOONPORT_LUA_TIMEOUT")) && *v &&
       !parse_double(v, 0, 86400, &o->lua_timeout))
     return 1 + usage_error("MOONPORT_LUA_TIMEOUT must be 0 to 86400 seconds, not '%s'", v);
@@ -159,6 +163,11 @@ static int parse_args(int argc, char **argv, options_t *o) {
       if (!v) return -usage_error("%s needs seconds", a) - 1;
       if (!parse_double(v, 0, 86400, &o->lua_timeout))
         return -usage_error("--lua-timeout must be 0 to 86400 seconds, not '%s'", v) - 1;
+    } else if (strncmp(a, "--redis", 7) == 0) {
+      if (a[7] && a[7] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, 7);
+      if (!v || !*v) return -usage_error("%s needs a redis:// URL", a) - 1;
+      o->redis = v;
     } else if (strncmp(a, "--pidfile", 9) == 0 || strncmp(a, "--reload", 8) == 0) {
       size_t skip = a[2] == 'p' ? 9 : 8;
       if (a[skip] && a[skip] != '=') return -usage_error("unknown option '%s'", a) - 1;
@@ -351,6 +360,7 @@ static void lane_thread(void *arg, size_t index) {
 }
 
 static void cleanup(lx_server_t *srv) {
+  lx_engine_stop(srv);
   for (size_t i = 0; i < srv->nlanes; i++) lx_lane_free(srv->lanes[i]);
   pubsub_free(srv->ps);
   srv->ps = NULL;
@@ -394,6 +404,10 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
       return 1;
     }
     srv->group.r[i] = srv->lanes[i]->r;
+  }
+  if (ipc_fd < 0 && lx_engine_start(srv, srv->lanes[0]->r)) {
+    cleanup(srv);
+    return 1;
   }
   /* Until here a signal simply ends the process (a script stuck at top
    * level can be interrupted); from now on it starts a shutdown. */
@@ -492,6 +506,7 @@ static int worker_main(int index, int ipc_fd, void *arg) {
   signal(SIGTERM, SIG_DFL);
   handle(SIGHUP, on_ignored);
   pidfile = NULL; /* the root's */
+  lx_engine_after_fork(srv);
   if (srv->wake_fd >= 0) close(srv->wake_fd);
   if (new_wake_fd(srv)) return 1;
   lx_server_after_fork(srv);
@@ -646,9 +661,11 @@ static int run_root(lx_server_t *srv, bool watch) {
     srv->news_arg = c;
   }
   if (!rc && watch && root_watch(&rt)) rc = -1;
+  if (!rc && lx_engine_start(srv, root->r)) rc = -1;
   if (!rc) rc = cluster_start(c);
   if (rc) {
     if (rc != -1) log_error("cannot start the workers: %s", strerror(-rc));
+    lx_engine_stop(srv);
     cluster_free(c);
     lx_lane_free(root);
     if (rt.inotify >= 0) close(rt.inotify);
@@ -666,6 +683,7 @@ static int run_root(lx_server_t *srv, bool watch) {
   lx_lane_run(root);
   /* The loop ends once every worker is gone (cluster_stop). */
   cluster_free(c);
+  lx_engine_stop(srv);
   srv->exiting = true;
   lx_lane_free(srv->lanes[0]); /* the current one: it owns the reactor */
   lx_lane_free_retired(srv);
@@ -722,7 +740,10 @@ int main(int argc, char **argv) {
   srv.worker_index = srv.nworkers == 1 ? 1 : 0;
   srv.grace_ms = (uint64_t)(o.grace * 1000);
   srv.lua_timeout_ms = (uint64_t)(o.lua_timeout * 1000);
+  srv.redis_url = o.redis;
+  srv.remote = o.redis != NULL;
   pthread_mutex_init(&srv.listen_lock, NULL);
+  pthread_mutex_init(&srv.ipc_lock, NULL);
   srv.ipc_fd = -1;
   if (new_wake_fd(&srv)) return 1;
   return srv.nworkers > 1 ? run_root(&srv, o.watch) : run_lanes(&srv, -1);

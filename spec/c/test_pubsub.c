@@ -344,7 +344,7 @@ static void test_clear_sink(void) {
   CHECK_EQ(psub(ps, 0, "q.*"), 1);
   CHECK_EQ(psub(ps, 1, "q.*"), 0);
 
-  pubsub_clear_sink(ps, 1);
+  pubsub_clear_sink(ps, 1, NULL, NULL);
   CHECK_EQ(pub(ps, &r, "only1"), 0);
   CHECK_EQ(pub(ps, &r, "shared"), 1);
   CHECK_EQ(r.calls[2], 1);
@@ -374,9 +374,9 @@ static void test_clear_sink(void) {
   CHECK_EQ(punsub(ps, 2, "p.*"), 1);
 
   /* clearing a sink with nothing, or a sink that does not exist */
-  pubsub_clear_sink(ps, 0);
-  pubsub_clear_sink(ps, 3);
-  pubsub_clear_sink(ps, -1);
+  pubsub_clear_sink(ps, 0, NULL, NULL);
+  pubsub_clear_sink(ps, 3, NULL, NULL);
+  pubsub_clear_sink(ps, -1, NULL, NULL);
   CHECK_EQ(sub(ps, 0, "after"), 1);
   CHECK_EQ(unsub(ps, 0, "after"), 1);
   pubsub_free(ps);
@@ -449,7 +449,7 @@ static void test_many_sinks(void) {
   CHECK_EQ(pub_ex(ps, &r, "wide", 0, MAX_SINKS - 1), want - 2);
   CHECK(wants(ps, MAX_SINKS - 1, "wx"));
   CHECK(!wants(ps, MAX_SINKS - 3, "wide")); /* 125: not a multiple of 3 */
-  pubsub_clear_sink(ps, MAX_SINKS - 1);
+  pubsub_clear_sink(ps, MAX_SINKS - 1, NULL, NULL);
   CHECK(!wants(ps, MAX_SINKS - 1, "wx"));
   pubsub_free(ps);
 }
@@ -584,8 +584,70 @@ static void test_threads(void) {
   pubsub_free(ps);
 }
 
+/* What the Redis engine needs: the channels and patterns that lose their
+ * last subscriber when a sink goes, every key, and the match count. */
+typedef struct {
+  char keys[8][32];
+  bool pattern[8];
+  int n;
+} keys_t;
+
+static void keep_key(const char *k, size_t len, bool pattern, void *arg) {
+  keys_t *ks = arg;
+  if (ks->n >= 8 || len >= 32) return;
+  memcpy(ks->keys[ks->n], k, len);
+  ks->keys[ks->n][len] = 0;
+  ks->pattern[ks->n++] = pattern;
+}
+
+static bool has_key(const keys_t *ks, const char *k, bool pattern) {
+  for (int i = 0; i < ks->n; i++)
+    if (strcmp(ks->keys[i], k) == 0 && ks->pattern[i] == pattern) return true;
+  return false;
+}
+
+static void test_engine_support(void) {
+  rec_t r;
+  pubsub_t *ps = pubsub_new(3, rec_deliver, &r);
+  CHECK(ps != NULL);
+  if (!ps) return;
+  sub(ps, 1, "a.x");
+  sub(ps, 1, "shared");
+  sub(ps, 2, "shared");
+  psub(ps, 1, "a.*");
+  psub(ps, 2, "*");
+  /* a copy for one subscription reaches only that subscription's sinks */
+  pubsub_msg_t *m = pubsub_msg_new("a.x", 3, "m", 1, PUBSUB_EXACT);
+  memset(&r, 0, sizeof(r));
+  CHECK_EQ(pubsub_publish(ps, m, -1, -1), 1); /* sink 1 (a.x), not 2 (*) */
+  CHECK_EQ(r.calls[1], 1);
+  pubsub_msg_unref(m);
+  m = pubsub_msg_new_for("a.x", 3, "m", 1, "*", 1, PUBSUB_PATTERN);
+  memset(&r, 0, sizeof(r));
+  CHECK_EQ(pubsub_publish(ps, m, -1, -1), 1); /* sink 2 only */
+  CHECK_EQ(r.calls[2], 1);
+  CHECK(m->plen == 1 && pubsub_msg_pattern(m)[0] == '*');
+  pubsub_msg_unref(m);
+  m = pubsub_msg_new_for("a.x", 3, "m", 1, "a.*", 3, PUBSUB_PATTERN);
+  memset(&r, 0, sizeof(r));
+  CHECK_EQ(pubsub_publish(ps, m, -1, -1), 1); /* sink 1 only */
+  CHECK_EQ(r.calls[1], 1);
+  pubsub_msg_unref(m);
+  keys_t all = {0};
+  pubsub_each(ps, keep_key, &all);
+  CHECK_EQ(all.n, 4);
+  CHECK(has_key(&all, "a.x", false) && has_key(&all, "shared", false));
+  CHECK(has_key(&all, "a.*", true) && has_key(&all, "*", true));
+  keys_t gone = {0};
+  pubsub_clear_sink(ps, 1, keep_key, &gone);
+  CHECK_EQ(gone.n, 2);
+  CHECK(has_key(&gone, "a.x", false) && has_key(&gone, "a.*", true));
+  pubsub_free(ps);
+}
+
 int main(void) {
   test_msg();
+  test_engine_support();
   test_first_last();
   test_exact_vs_pattern();
   test_publish();

@@ -28,6 +28,11 @@ enum ipc_type {
 /* Flags: the low bits carry the scope, bit 7 says the message is JSON. */
 #define IPC_SCOPE_MASK 0x0fu
 #define IPC_JSON 0x80u
+/* IPC_DELIVER only: for the exact channel's subscribers only; or for one
+ * pattern's only, the message then ending with the pattern and its
+ * length (u32). */
+#define IPC_EXACT 0x40u
+#define IPC_PATTERN 0x20u
 
 /* Bytes a frame takes. */
 static inline size_t ipc_frame_size(size_t clen, size_t mlen) {

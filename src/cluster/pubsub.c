@@ -10,17 +10,26 @@
 
 #include "cluster/glob.h"
 
-pubsub_msg_t *pubsub_msg_new(const char *ch, size_t clen, const char *msg,
-                             size_t mlen, uint32_t flags) {
-  pubsub_msg_t *m = malloc(sizeof(*m) + clen + mlen);
+pubsub_msg_t *pubsub_msg_new_for(const char *ch, size_t clen, const char *msg,
+                                 size_t mlen, const char *pat, size_t plen,
+                                 uint32_t flags) {
+  pubsub_msg_t *m = malloc(sizeof(*m) + clen + mlen + plen);
   if (!m) return NULL;
   atomic_init(&m->refs, 1);
   m->flags = flags;
   m->clen = clen;
   m->mlen = mlen;
+  m->plen = plen;
   memcpy(m->data, ch, clen);
   if (mlen) memcpy(m->data + clen, msg, mlen);
+  if (plen) memcpy(m->data + clen + mlen, pat, plen);
   return m;
+}
+
+pubsub_msg_t *pubsub_msg_new(const char *ch, size_t clen, const char *msg,
+                             size_t mlen, uint32_t flags) {
+  return pubsub_msg_new_for(ch, clen, msg, mlen, NULL, 0,
+                            flags & ~(uint32_t)PUBSUB_PATTERN);
 }
 
 void pubsub_msg_ref(pubsub_msg_t *m) {
@@ -181,32 +190,55 @@ int pubsub_unsubscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
   return last;
 }
 
-static void pubsub__clear_list(pubsub_t *ps, entry_t **pp, int sink) {
+static void pubsub__clear_list(pubsub_t *ps, entry_t **pp, int sink,
+                               pubsub_key_fn gone, void *arg) {
   while (*pp) {
     entry_t *e = *pp;
     e->total -= e->per_sink[sink];
     e->per_sink[sink] = 0;
-    if (e->total == 0)
+    if (e->total == 0) {
+      if (gone) gone(e->key, e->len, e->pattern, arg);
       pubsub__drop(ps, pp);
-    else
+    } else {
       pp = &e->next;
+    }
   }
 }
 
-void pubsub_clear_sink(pubsub_t *ps, int sink) {
+void pubsub_clear_sink(pubsub_t *ps, int sink, pubsub_key_fn gone,
+                       void *arg) {
   if (sink < 0 || sink >= ps->nsinks) return;
   pthread_mutex_lock(&ps->lock);
   for (size_t i = 0; i < ps->nbuckets; i++)
-    pubsub__clear_list(ps, &ps->buckets[i], sink);
-  pubsub__clear_list(ps, &ps->patterns, sink);
+    pubsub__clear_list(ps, &ps->buckets[i], sink, gone, arg);
+  pubsub__clear_list(ps, &ps->patterns, sink, gone, arg);
   pthread_mutex_unlock(&ps->lock);
 }
 
+void pubsub_each(pubsub_t *ps, pubsub_key_fn fn, void *arg) {
+  pthread_mutex_lock(&ps->lock);
+  for (size_t i = 0; i < ps->nbuckets; i++)
+    for (entry_t *e = ps->buckets[i]; e; e = e->next)
+      fn(e->key, e->len, false, arg);
+  for (entry_t *e = ps->patterns; e; e = e->next) fn(e->key, e->len, true, arg);
+  pthread_mutex_unlock(&ps->lock);
+}
+
+
+
 /* Marks in `want` the sinks with a subscriber for m. Lock held. */
 static void pubsub__match(pubsub_t *ps, const pubsub_msg_t *m, bool *want) {
-  entry_t *e = *pubsub__find(ps, m->data, m->clen, false);
+  entry_t *e;
+  if (m->flags & PUBSUB_PATTERN) { /* that pattern's subscribers only */
+    e = *pubsub__find(ps, pubsub_msg_pattern(m), m->plen, true);
+    if (e)
+      for (int i = 0; i < ps->nsinks; i++) want[i] |= e->per_sink[i] > 0;
+    return;
+  }
+  e = *pubsub__find(ps, m->data, m->clen, false);
   if (e)
     for (int i = 0; i < ps->nsinks; i++) want[i] |= e->per_sink[i] > 0;
+  if (m->flags & PUBSUB_EXACT) return;
   for (e = ps->patterns; e; e = e->next) {
     if (!glob_match(e->key, e->len, m->data, m->clen)) continue;
     for (int i = 0; i < ps->nsinks; i++) want[i] |= e->per_sink[i] > 0;

@@ -13,16 +13,28 @@
  * copy serves every sink. */
 typedef struct {
   _Atomic uint32_t refs;
-  uint32_t flags; /* PUBSUB_JSON: the payload is a JSON-encoded table */
-  size_t clen, mlen;
-  char data[]; /* channel bytes, then message bytes (not NUL-terminated) */
+  uint32_t flags; /* PUBSUB_* */
+  size_t clen, mlen, plen;
+  char data[]; /* channel bytes, message bytes, then (PUBSUB_PATTERN) the
+                  pattern (not NUL-terminated) */
 } pubsub_msg_t;
 
-#define PUBSUB_JSON 1u
+#define PUBSUB_JSON 1u    /* the payload is a JSON-encoded table */
+/* For one subscription only (a copy Redis sent for it): the subscribers
+ * of the exact channel, or of the one pattern carried in the message. */
+#define PUBSUB_EXACT 2u
+#define PUBSUB_PATTERN 4u
 
 /* A new message with one reference, or NULL (ENOMEM). */
 pubsub_msg_t *pubsub_msg_new(const char *ch, size_t clen, const char *msg,
                              size_t mlen, uint32_t flags);
+/* The same, for the subscribers of pattern `pat` only (PUBSUB_PATTERN). */
+pubsub_msg_t *pubsub_msg_new_for(const char *ch, size_t clen, const char *msg,
+                                 size_t mlen, const char *pat, size_t plen,
+                                 uint32_t flags);
+static inline const char *pubsub_msg_pattern(const pubsub_msg_t *m) {
+  return m->data + m->clen + m->mlen;
+}
 static inline const char *pubsub_msg_channel(const pubsub_msg_t *m) {
   return m->data;
 }
@@ -51,8 +63,17 @@ int pubsub_subscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
  * post office, 0 otherwise (also when there was none). */
 int pubsub_unsubscribe(pubsub_t *ps, int sink, const char *ch, size_t len,
                        bool pattern);
-/* Forgets every subscription of `sink` (a worker that died). */
-void pubsub_clear_sink(pubsub_t *ps, int sink);
+/* A channel or pattern, for the calls below (called with the post
+ * office's lock held: it must not call into it). */
+typedef void (*pubsub_key_fn)(const char *key, size_t len, bool pattern,
+                              void *arg);
+/* Forgets every subscription of `sink` (a worker that died); gone (may be
+ * NULL) is told of each channel or pattern that has no subscriber left. */
+void pubsub_clear_sink(pubsub_t *ps, int sink, pubsub_key_fn gone,
+                       void *arg);
+/* Calls fn for every channel and pattern with a subscriber. */
+void pubsub_each(pubsub_t *ps, pubsub_key_fn fn, void *arg);
+
 
 /* Hands `m` to every sink (but `except1` and `except2`; -1 for none) that
  * has a subscriber whose channel is m's channel or whose pattern matches

@@ -112,6 +112,13 @@ struct lx_server {
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
   uint64_t lua_timeout_ms; /* a callback running longer is stuck (0: off) */
   lx_lane_t *retired; /* root: replaced root lanes not freed yet */
+  /* Pub/sub through Redis (--redis): the URL; whether cluster-scope
+   * messages go through it (every process knows); the engine and the
+   * reactor it lives on (the root's, or lane 1's with one process). */
+  const char *redis_url;
+  bool remote;
+  struct redis_engine *engine;
+  reactor_t *engine_r;
   bool exiting;       /* root: freeing everything; retired lanes wait */
 };
 
@@ -146,6 +153,7 @@ struct lx_lane {
   struct lx_timer *timers; /* running mp.after / mp.every timers */
   bool free_posted;        /* retired: its free is queued */
   lx_lane_t *next_retired; /* srv->retired */
+  struct lx_redis *redis_clients; /* open mp.redis clients */
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
@@ -270,6 +278,32 @@ void lx_ipc_ready(lx_server_t *srv);
 void lx_ipc_watchdog(lx_server_t *srv);
 struct lx_peer *lx_ipc_new_peers(lx_server_t *srv);
 void lx_ipc_free_peers(lx_server_t *srv);
+
+/* ---- lx_engine.c ---- */
+
+/* Starts the Redis engine on reactor r if srv->redis_url is set: 0, or -1
+ * after a log line. */
+int lx_engine_start(lx_server_t *srv, reactor_t *r);
+void lx_engine_stop(lx_server_t *srv);
+/* A worker: the root's engine is not ours. */
+void lx_engine_after_fork(lx_server_t *srv);
+/* The first subscriber of a channel or pattern in this server appeared
+ * (add) or the last went: tells Redis. Any thread; callers keep these in
+ * the order of their counts. No-op without an engine here. */
+void lx_engine_count(lx_server_t *srv, const char *ch, size_t len,
+                     bool pattern, bool add);
+/* pubsub_clear_sink's callback: a key lost its last subscriber. */
+void lx_engine_gone(const char *ch, size_t len, bool pattern, void *srv);
+/* Publishes through Redis (cluster scope). Any thread. */
+void lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
+                       const char *msg, size_t mlen, bool json);
+
+/* ---- lx_redis.c ---- */
+
+/* Adds mp.redis to the module table at the top of L. */
+void lx_redis_open(lua_State *L, lx_lane_t *ln);
+/* Closes the lane's mp.redis clients (before its reactor goes). */
+void lx_redis_close_all(lx_lane_t *ln);
 
 /* ---- lx_moonport.c ---- */
 

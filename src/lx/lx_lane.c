@@ -358,6 +358,7 @@ void lx_lane_free(lx_lane_t *ln) {
   /* Connections and write queues go first: their release callbacks still
    * use the Lua state. reactor_free frees the listeners too. */
   for (struct lx_service *s = ln->services; s; s = s->next) s->listener = NULL;
+  lx_redis_close_all(ln); /* their sockets are on the reactor */
   if (ln->owns_r) reactor_free(ln->r);
   while (ln->sleeps) {
     lx_sleep_t *s = ln->sleeps;

@@ -739,6 +739,7 @@ int luaopen_moonport(lua_State *L) {
   lx_push_waiter(L, ln, lx__sleep_check, lx__sleep_arm);
   lua_setfield(L, -2, "sleep");
   lx_pubsub_open(L, ln);
+  lx_redis_open(L, ln);
   lua_pushliteral(L, MOONPORT_VERSION);
   lua_setfield(L, -2, "version");
   lua_createtable(L, ln->srv->argc, 0);

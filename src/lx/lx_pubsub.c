@@ -63,16 +63,20 @@ static int lx__count(lx_lane_t *ln, const char *ch, size_t len, bool pattern,
                      bool add) {
   lx_server_t *srv = ln->srv;
   bool ipc = srv->ipc_fd >= 0;
-  if (ipc) pthread_mutex_lock(&srv->ipc_lock);
+  /* With one process and several lanes, the lock also keeps the notices
+   * to Redis in the order of the counts. */
+  bool lock = ipc || (srv->engine_r && !srv->root);
+  if (lock) pthread_mutex_lock(&srv->ipc_lock);
   int rc = add ? pubsub_subscribe(srv->ps, ln->index, ch, len, pattern)
                : pubsub_unsubscribe(srv->ps, ln->index, ch, len, pattern);
+  if (!ipc && rc == 1) lx_engine_count(srv, ch, len, pattern, add);
   if (ipc && rc == 1) {
     int type = add ? (pattern ? IPC_PSUB : IPC_SUB)
                    : (pattern ? IPC_PUNSUB : IPC_UNSUB);
     if (lx__ipc_send_locked(srv, type, 0, ch, len, NULL, 0))
       log_error("pub/sub: cannot reach the root process: %s", strerror(errno));
   }
-  if (ipc) pthread_mutex_unlock(&srv->ipc_lock);
+  if (lock) pthread_mutex_unlock(&srv->ipc_lock);
   return rc;
 }
 
@@ -334,11 +338,23 @@ void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
     lua_pushlstring(L, pubsub_msg_body(m), m->mlen);
   }
   int msg_idx = lua_gettop(L);
+  if (m->flags & PUBSUB_PATTERN) { /* that pattern's subscribers only */
+    lx__lists(L, ln, true);
+    lua_pushlstring(L, pubsub_msg_pattern(m), m->plen);
+    lua_rawget(L, -2);
+    if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx);
+    lua_settop(L, top);
+    return;
+  }
   lx__lists(L, ln, false);
   lua_pushvalue(L, ch_idx);
   lua_rawget(L, -2);
   if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx);
   lua_pop(L, 2);
+  if (m->flags & PUBSUB_EXACT) {
+    lua_settop(L, top);
+    return;
+  }
   lx__lists(L, ln, true);
   int pats = lua_gettop(L);
   /* Matching patterns first, then calls: callbacks may change the table. */
@@ -444,9 +460,15 @@ static int lx_publish(lua_State *L) {
     return luaL_error(L, "mp.publish: message of %d bytes (the limit is %d)",
                       (int)mlen, LX_MAX_MESSAGE);
   lx_server_t *srv = ln->srv;
+  if (srv->remote && scope == SCOPE_CLUSTER && srv->ipc_fd < 0) {
+    /* Through Redis to every server, this one included. */
+    lx_engine_publish(srv, ch, clen, msg, mlen, flags & PUBSUB_JSON);
+    return 0;
+  }
   if (srv->ipc_fd >= 0) {
     /* A worker: its own subscribers directly (in order, no round trip),
-     * the others through the root. */
+     * the others through the root (through Redis for the cluster: then
+     * its own come back that way too). */
     if (scope != SCOPE_PROCESS) {
       pthread_mutex_lock(&srv->ipc_lock);
       int rc = lx__ipc_send_locked(srv, IPC_PUBLISH,
@@ -457,6 +479,7 @@ static int lx_publish(lua_State *L) {
       if (rc) return lx_push_fail(L, rc);
     }
     if (scope != SCOPE_CLUSTER && scope != SCOPE_PROCESS) return 0;
+    if (scope == SCOPE_CLUSTER && srv->remote) return 0;
   } else if (!srv->root && scope == SCOPE_SIBLINGS) {
     return 0; /* one process: the whole cluster and its root; no siblings */
   }
@@ -518,8 +541,19 @@ static void lx__from_root(int type, unsigned flags, const char *ch,
     return;
   }
   if (type != IPC_DELIVER) return;
-  pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
-                                   flags & IPC_JSON ? PUBSUB_JSON : 0);
+  uint32_t f = (flags & IPC_JSON ? PUBSUB_JSON : 0) |
+               (flags & IPC_EXACT ? PUBSUB_EXACT : 0);
+  const char *pat = NULL;
+  uint32_t plen = 0;
+  if (flags & IPC_PATTERN) {
+    if (mlen < 4) return;
+    memcpy(&plen, msg + mlen - 4, 4);
+    if (plen > mlen - 4) return;
+    mlen -= 4 + plen;
+    pat = msg + mlen;
+    f |= PUBSUB_PATTERN;
+  }
+  pubsub_msg_t *m = pubsub_msg_new_for(ch, clen, msg, mlen, pat, plen, f);
   if (!m) {
     log_error("pub/sub: out of memory; a message is lost");
     return;
@@ -555,11 +589,13 @@ static void lx__root_frame(int type, unsigned flags, const char *ch,
   switch (type) {
   case IPC_SUB:
   case IPC_PSUB:
-    pubsub_subscribe(srv->ps, p->index, ch, clen, type == IPC_PSUB);
+    if (pubsub_subscribe(srv->ps, p->index, ch, clen, type == IPC_PSUB) == 1)
+      lx_engine_count(srv, ch, clen, type == IPC_PSUB, true);
     return;
   case IPC_UNSUB:
   case IPC_PUNSUB:
-    pubsub_unsubscribe(srv->ps, p->index, ch, clen, type == IPC_PUNSUB);
+    if (pubsub_unsubscribe(srv->ps, p->index, ch, clen, type == IPC_PUNSUB) == 1)
+      lx_engine_count(srv, ch, clen, type == IPC_PUNSUB, false);
     return;
   case IPC_READY:
   case IPC_BEAT:
@@ -569,6 +605,11 @@ static void lx__root_frame(int type, unsigned flags, const char *ch,
     return;
   case IPC_PUBLISH: break;
   default: return;
+  }
+  if (srv->engine && (flags & IPC_SCOPE_MASK) == SCOPE_CLUSTER) {
+    /* Everyone, the publisher too, gets it when it comes back. */
+    lx_engine_publish(srv, ch, clen, msg, mlen, flags & IPC_JSON);
+    return;
   }
   pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
                                    flags & IPC_JSON ? PUBSUB_JSON : 0);
@@ -619,14 +660,23 @@ void lx_root_deliver(int sink, pubsub_msg_t *m, void *arg) {
   conn_t *c = p->uuid ? reactor_conn_find(srv->lanes[0]->r, p->uuid) : NULL;
   if (!c) return; /* between a worker's death and its replacement */
   char hdr[IPC_HEADER + LX_MAX_CHANNEL];
-  ipc_header(hdr, IPC_DELIVER, m->flags & PUBSUB_JSON ? IPC_JSON : 0, m->clen,
-             m->mlen);
+  bool pat = m->flags & PUBSUB_PATTERN;
+  unsigned f = (m->flags & PUBSUB_JSON ? IPC_JSON : 0) |
+               (m->flags & PUBSUB_EXACT ? IPC_EXACT : 0) |
+               (pat ? IPC_PATTERN : 0);
+  ipc_header(hdr, IPC_DELIVER, f, m->clen,
+             m->mlen + (pat ? m->plen + 4 : 0));
   memcpy(hdr + IPC_HEADER, pubsub_msg_channel(m), m->clen);
   int rc = reactor_conn_write(c, hdr, IPC_HEADER + m->clen);
   if (rc == 0 && m->mlen) {
     pubsub_msg_ref(m);
     rc = reactor_conn_write_ref(c, pubsub_msg_body(m), m->mlen,
                                 lx__release_msg, m, NULL);
+  }
+  if (rc == 0 && pat) { /* the pattern, then its length */
+    uint32_t plen = (uint32_t)m->plen;
+    rc = reactor_conn_write(c, pubsub_msg_pattern(m), m->plen);
+    if (rc == 0) rc = reactor_conn_write(c, (const char *)&plen, 4);
   }
   if (rc == -ENOBUFS) {
     /* Half a frame would corrupt the stream: the worker is too far behind
@@ -655,7 +705,7 @@ void lx_ipc_worker_started(int sink, int fd, void *arg) {
 
 void lx_ipc_worker_exited(int sink, void *arg) {
   lx_server_t *srv = arg;
-  pubsub_clear_sink(srv->ps, sink);
+  pubsub_clear_sink(srv->ps, sink, lx_engine_gone, srv);
 }
 
 bool lx_ipc_drain(int sink, void *arg) {

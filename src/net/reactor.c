@@ -24,6 +24,8 @@ struct reactor_watch {
   void *arg;
   reactor_t *r;
   struct reactor_watch *next; /* on the reactor's list, or its closed list */
+  void (*fn_io)(void *arg, unsigned events); /* instead of fn */
+  unsigned flags;
 };
 
 /* How long a closed socket is drained for the peer's EOF (see linger). */
@@ -745,7 +747,8 @@ reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *),
                                void *arg) {
   reactor_watch_t *w = calloc(1, sizeof(*w));
   if (!w) return NULL;
-  *w = (reactor_watch_t){KIND_WATCH, fd, false, fn, arg, r, r->watches};
+  *w = (reactor_watch_t){KIND_WATCH, fd, false, fn, arg, r, r->watches,
+                          NULL, POLL_READ};
   int rc = poll_add(r->poller, fd, w, POLL_READ);
   if (rc) {
     free(w);
@@ -754,6 +757,29 @@ reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *),
   }
   r->watches = w;
   return w;
+}
+
+reactor_watch_t *reactor_watch_io(reactor_t *r, int fd, unsigned flags,
+                                  void (*fn)(void *arg, unsigned events),
+                                  void *arg) {
+  reactor_watch_t *w = calloc(1, sizeof(*w));
+  if (!w) return NULL;
+  *w = (reactor_watch_t){KIND_WATCH, fd, false, NULL, arg, r, r->watches,
+                          fn, flags};
+  int rc = poll_add(r->poller, fd, w, flags);
+  if (rc) {
+    free(w);
+    errno = -rc;
+    return NULL;
+  }
+  r->watches = w;
+  return w;
+}
+
+int reactor_watch_set(reactor_watch_t *w, unsigned flags) {
+  if (w->closed || w->flags == flags) return 0;
+  w->flags = flags;
+  return poll_mod(w->r->poller, w->fd, w, flags);
 }
 
 void reactor_unwatch(reactor_watch_t *w) {
@@ -992,7 +1018,11 @@ static void reactor__event(reactor_t *r, poll_event_t *ev) {
   }
   if (kind == KIND_WATCH) {
     reactor_watch_t *w = ev->ptr;
-    if (!w->closed) w->fn(w->arg);
+    if (w->closed) return;
+    if (w->fn_io)
+      w->fn_io(w->arg, ev->flags);
+    else
+      w->fn(w->arg);
     return;
   }
   if (kind == KIND_LINGER) {

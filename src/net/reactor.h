@@ -122,6 +122,14 @@ timer_heap_t *reactor_timers(reactor_t *r);
 typedef struct reactor_watch reactor_watch_t;
 reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *arg),
                                void *arg);
+/* The same for a client library that drives its own socket (hiredis):
+ * fn(arg, events) gets POLL_READ / POLL_WRITE / POLL_HUP as they happen,
+ * for the interest `flags` (POLL_READ | POLL_WRITE, changed with
+ * reactor_watch_set; level-triggered). */
+reactor_watch_t *reactor_watch_io(reactor_t *r, int fd, unsigned flags,
+                                  void (*fn)(void *arg, unsigned events),
+                                  void *arg);
+int reactor_watch_set(reactor_watch_t *w, unsigned flags);
 /* Stops watching and frees the watch (safe from inside fn). */
 void reactor_unwatch(reactor_watch_t *w);
 

@@ -1,0 +1,539 @@
+/* redis: hiredis connections on a moonport reactor, and the pub/sub
+ * engine. */
+#include "redis/redis.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "net/poll.h"
+
+/* ---- URLs ---- */
+
+static int redis__hex(int c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* Copies s[0..n) to out with %XX decoded. */
+static bool redis__unescape(const char *s, size_t n, char *out, size_t cap) {
+  size_t o = 0;
+  for (size_t i = 0; i < n; i++) {
+    int c = (unsigned char)s[i];
+    if (c == '%') {
+      if (i + 2 >= n) return false;
+      int h = redis__hex(s[i + 1]), l = redis__hex(s[i + 2]);
+      if (h < 0 || l < 0) return false;
+      c = h * 16 + l;
+      i += 2;
+    }
+    if (o + 1 >= cap) return false;
+    out[o++] = (char)c;
+  }
+  out[o] = 0;
+  return true;
+}
+
+int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen) {
+  memset(u, 0, sizeof(*u));
+  u->port = 6379;
+  const char *p = s;
+  if (strncmp(p, "redis://", 8) != 0) {
+    snprintf(err, errlen, "'%s' is not a redis:// URL", s);
+    return -1;
+  }
+  p += 8;
+  const char *at = strrchr(p, '@');
+  if (at) {
+    const char *colon = memchr(p, ':', (size_t)(at - p));
+    const char *pw = colon ? colon + 1 : p; /* user:password, or password */
+    if (!redis__unescape(pw, (size_t)(at - pw), u->password,
+                         sizeof(u->password))) {
+      snprintf(err, errlen, "bad password in the Redis URL");
+      return -1;
+    }
+    p = at + 1;
+  }
+  const char *end = p + strcspn(p, "/?");
+  const char *hend = end;
+  if (*p == '[') { /* [IPv6]:port */
+    const char *rb = memchr(p, ']', (size_t)(end - p));
+    if (!rb) {
+      snprintf(err, errlen, "bad host in the Redis URL '%s'", s);
+      return -1;
+    }
+    if ((size_t)(rb - p - 1) >= sizeof(u->host)) goto bad_host;
+    memcpy(u->host, p + 1, (size_t)(rb - p - 1));
+    hend = rb + 1;
+  } else {
+    const char *colon = memchr(p, ':', (size_t)(end - p));
+    hend = colon ? colon : end;
+    if ((size_t)(hend - p) >= sizeof(u->host)) goto bad_host;
+    memcpy(u->host, p, (size_t)(hend - p));
+  }
+  if (!u->host[0]) strcpy(u->host, "127.0.0.1");
+  if (hend < end && *hend == ':') {
+    char *e;
+    long port = strtol(hend + 1, &e, 10);
+    if (e != end || port < 1 || port > 65535) {
+      snprintf(err, errlen, "bad port in the Redis URL '%s'", s);
+      return -1;
+    }
+    u->port = (int)port;
+  }
+  if (*end == '/' && end[1] && end[1] != '?') {
+    char *e;
+    long db = strtol(end + 1, &e, 10);
+    if ((*e && *e != '?') || db < 0 || db > 1 << 20) {
+      snprintf(err, errlen, "bad database number in the Redis URL '%s'", s);
+      return -1;
+    }
+    u->db = (int)db;
+  }
+  return 0;
+bad_host:
+  snprintf(err, errlen, "host name too long in the Redis URL");
+  return -1;
+}
+
+/* ---- links ---- */
+
+#define REDIS_BACKOFF_MIN_MS 100
+#define REDIS_BACKOFF_MAX_MS 5000
+
+struct redis_link {
+  reactor_t *r;
+  redis_url_t u;
+  const char *name;
+  int connect_ms;
+  redis_link_hooks_t hooks;
+  void *arg;
+  redisAsyncContext *ac; /* connecting or connected, or NULL */
+  bool up;
+  bool freeing;
+  reactor_watch_t *w;
+  unsigned want; /* POLL_READ | POLL_WRITE, what hiredis asked for */
+  mp_timer_t retry, connect_timer;
+  uint64_t backoff;
+  unsigned failures; /* in a row, for the log */
+};
+
+/* hiredis's adapter hooks. */
+static void redis__set(redis_link_t *l) {
+  if (l->w) reactor_watch_set(l->w, l->want);
+}
+static void redis__add_read(void *d) {
+  redis_link_t *l = d;
+  l->want |= POLL_READ;
+  redis__set(l);
+}
+static void redis__del_read(void *d) {
+  redis_link_t *l = d;
+  l->want &= ~(unsigned)POLL_READ;
+  redis__set(l);
+}
+static void redis__add_write(void *d) {
+  redis_link_t *l = d;
+  l->want |= POLL_WRITE;
+  redis__set(l);
+}
+static void redis__del_write(void *d) {
+  redis_link_t *l = d;
+  l->want &= ~(unsigned)POLL_WRITE;
+  redis__set(l);
+}
+static void redis__cleanup(void *d) {
+  redis_link_t *l = d;
+  if (l->w) reactor_unwatch(l->w);
+  l->w = NULL;
+  l->want = 0;
+}
+
+static void redis__io(void *arg, unsigned events) {
+  redis_link_t *l = arg;
+  redisAsyncContext *ac = l->ac;
+  if (!ac) return;
+  if (events & POLL_HUP) {
+    /* A failed connect shows as an error while waiting to write. */
+    if (l->want & POLL_WRITE)
+      redisAsyncHandleWrite(ac);
+    else
+      redisAsyncHandleRead(ac);
+    return;
+  }
+  if (events & POLL_READ) redisAsyncHandleRead(ac);
+  if (l->ac == ac && (events & POLL_WRITE)) redisAsyncHandleWrite(ac);
+}
+
+static void redis__connect(mp_timer_t *t);
+
+static void redis__retry_later(redis_link_t *l) {
+  if (l->freeing || l->retry.armed) return;
+  uint64_t ms = l->backoff;
+  l->backoff = l->backoff * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS
+                                                    : l->backoff * 2;
+  timer_start(reactor_timers(l->r), &l->retry, reactor_now(l->r), ms, 0, 1,
+              redis__connect, NULL, l);
+}
+
+/* Logs a failure: every one of the first few, then one in 20. */
+static void redis__failed(redis_link_t *l, const char *what, const char *why) {
+  l->failures++;
+  if (l->failures <= 3 || l->failures % 20 == 0)
+    log_error("%s: %s %s:%d: %s (attempt %u; retrying)", l->name, what,
+              l->u.host, l->u.port, why, l->failures);
+}
+
+static void redis__went_down(redis_link_t *l) {
+  bool was_up = l->up;
+  l->up = false;
+  timer_stop(reactor_timers(l->r), &l->connect_timer);
+  redis__retry_later(l);
+  if (was_up && l->hooks.down) l->hooks.down(l, l->arg);
+}
+
+/* Connected, and AUTH and SELECT (if any) accepted: the link is up. */
+static void redis__ready(redis_link_t *l) {
+  timer_stop(reactor_timers(l->r), &l->connect_timer);
+  l->up = true;
+  l->backoff = REDIS_BACKOFF_MIN_MS;
+  if (l->failures) log_warn("%s: connected to %s:%d", l->name, l->u.host, l->u.port);
+  l->failures = 0;
+  if (l->hooks.up) l->hooks.up(l, l->arg);
+}
+
+static void redis__on_connect(const redisAsyncContext *ac, int status) {
+  redis_link_t *l = ac->ev.data;
+  if (status != REDIS_OK) {
+    l->ac = NULL; /* hiredis frees it */
+    redis__failed(l, "cannot connect to", ac->errstr);
+    redis__went_down(l);
+    return;
+  }
+  if (!l->u.password[0] && !l->u.db) redis__ready(l);
+  /* else up once the last of AUTH and SELECT is accepted */
+}
+
+static void redis__on_disconnect(const redisAsyncContext *ac, int status) {
+  redis_link_t *l = ac->ev.data;
+  if (l->ac == ac) l->ac = NULL;
+  if (l->freeing) return;
+  if (l->up) log_error("%s: lost the connection to %s:%d%s%s", l->name,
+                       l->u.host, l->u.port, ac->errstr[0] ? ": " : "",
+                       ac->errstr);
+  redis__went_down(l);
+}
+
+static void redis__auth_reply(redisAsyncContext *ac, void *r, void *priv) {
+  redis_link_t *l = priv;
+  redisReply *reply = r;
+  if (!reply || l->ac != ac) return;
+  if (reply->type == REDIS_REPLY_ERROR) {
+    redis__failed(l, "AUTH refused by", reply->str);
+    redisAsyncDisconnect(ac);
+    return;
+  }
+  if (!l->u.db) redis__ready(l);
+}
+
+static void redis__select_reply(redisAsyncContext *ac, void *r, void *priv) {
+  redis_link_t *l = priv;
+  redisReply *reply = r;
+  if (!reply || l->ac != ac) return;
+  if (reply->type == REDIS_REPLY_ERROR) {
+    redis__failed(l, "SELECT refused by", reply->str);
+    redisAsyncDisconnect(ac);
+    return;
+  }
+  redis__ready(l);
+}
+
+static void redis__connect_timeout(mp_timer_t *t) {
+  redis_link_t *l = t->udata;
+  redisAsyncContext *ac = l->ac;
+  if (!ac || l->up) return; /* (a handshake that hangs times out too) */
+  l->ac = NULL;
+  redisAsyncFree(ac);
+  redis__failed(l, "timed out connecting to", "no answer");
+  redis__went_down(l);
+}
+
+static void redis__connect(mp_timer_t *t) {
+  redis_link_t *l = t->udata;
+  if (l->freeing || l->ac) return;
+  redisAsyncContext *ac = redisAsyncConnect(l->u.host, l->u.port);
+  if (!ac) {
+    redis__failed(l, "cannot connect to", "out of memory");
+    redis__retry_later(l);
+    return;
+  }
+  if (ac->err) {
+    redis__failed(l, "cannot connect to", ac->errstr);
+    redisAsyncFree(ac);
+    redis__retry_later(l);
+    return;
+  }
+  l->want = 0;
+  l->w = reactor_watch_io(l->r, ac->c.fd, 0, redis__io, l);
+  if (!l->w) {
+    redis__failed(l, "cannot watch the connection to", strerror(errno));
+    redisAsyncFree(ac);
+    redis__retry_later(l);
+    return;
+  }
+  l->ac = ac;
+  ac->ev.data = l;
+  ac->ev.addRead = redis__add_read;
+  ac->ev.delRead = redis__del_read;
+  ac->ev.addWrite = redis__add_write;
+  ac->ev.delWrite = redis__del_write;
+  ac->ev.cleanup = redis__cleanup;
+  redisAsyncSetConnectCallback(ac, redis__on_connect); /* asks to write */
+  redisAsyncSetDisconnectCallback(ac, redis__on_disconnect);
+  /* Queued ahead of whatever the user of the link sends. */
+  if (l->u.password[0])
+    redisAsyncCommand(ac, redis__auth_reply, l, "AUTH %s", l->u.password);
+  if (l->u.db)
+    redisAsyncCommand(ac, redis__select_reply, l, "SELECT %d", l->u.db);
+  timer_start(reactor_timers(l->r), &l->connect_timer, reactor_now(l->r),
+              (uint64_t)l->connect_ms, 0, 1, redis__connect_timeout, NULL, l);
+}
+
+redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
+                             const char *name, int connect_ms,
+                             redis_link_hooks_t hooks, void *arg) {
+  redis_link_t *l = calloc(1, sizeof(*l));
+  if (!l) return NULL;
+  l->r = r;
+  l->u = *u;
+  l->name = name;
+  l->connect_ms = connect_ms;
+  l->hooks = hooks;
+  l->arg = arg;
+  l->backoff = REDIS_BACKOFF_MIN_MS;
+  timer_init(&l->retry);
+  timer_init(&l->connect_timer);
+  l->retry.udata = l;
+  redis__connect(&l->retry);
+  return l;
+}
+
+redisAsyncContext *redis_link_ctx(redis_link_t *l) {
+  return l->up ? l->ac : NULL;
+}
+
+redisAsyncContext *redis_link_ctx_any(redis_link_t *l) { return l->ac; }
+
+void redis_link_free(redis_link_t *l) {
+  if (!l) return;
+  l->freeing = true;
+  timer_stop(reactor_timers(l->r), &l->retry);
+  timer_stop(reactor_timers(l->r), &l->connect_timer);
+  if (l->ac) {
+    redisAsyncContext *ac = l->ac;
+    l->ac = NULL;
+    redisAsyncFree(ac); /* calls back with NULL replies, then cleanup */
+  }
+  free(l);
+}
+
+/* ---- the engine ---- */
+
+typedef struct redis_pending {
+  struct redis_pending *next;
+  size_t clen, mlen;
+  char data[]; /* channel, then message */
+} redis_pending_t;
+
+struct redis_engine {
+  redis_link_t *sub, *pub;
+  redis_msg_fn on_msg;
+  redis_each_fn each;
+  void *arg;
+  redis_pending_t *head, *tail; /* publishes waiting for Redis */
+  size_t queued, queued_bytes, dropped;
+  /* SUBSCRIBEs sent and not confirmed yet: publishes wait for them, or
+   * a message published right after a subscription could reach Redis
+   * (on the other connection) before it. */
+  int sub_pending;
+};
+
+static void redis__flush(redis_engine_t *e);
+
+static void redis__message(redisAsyncContext *ac, void *r, void *priv) {
+  redis_engine_t *e = priv;
+  redisReply *reply = r;
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 3)
+    return;
+  redisReply **el = reply->element;
+  if (el[0]->type != REDIS_REPLY_STRING) return;
+  const char *kind = el[0]->str;
+  if (strcmp(kind, "subscribe") == 0 || strcmp(kind, "psubscribe") == 0) {
+    if (e->sub_pending > 0 && --e->sub_pending == 0) redis__flush(e);
+    return;
+  }
+  redisReply *ch, *msg, *pat = NULL;
+  if (strcmp(kind, "message") == 0) {
+    ch = el[1];
+    msg = el[2];
+  } else if (strcmp(kind, "pmessage") == 0 && reply->elements == 4) {
+    pat = el[1];
+    ch = el[2];
+    msg = el[3];
+    if (pat->type != REDIS_REPLY_STRING) return;
+  } else {
+    return; /* unsubscribe confirmations */
+  }
+  if (ch->type != REDIS_REPLY_STRING || msg->type != REDIS_REPLY_STRING)
+    return;
+  e->on_msg(ch->str, ch->len, msg->str, msg->len, pat ? pat->str : NULL,
+            pat ? pat->len : 0, e->arg);
+}
+
+static void redis__sub_one(const char *ch, size_t len, bool pattern,
+                           void *arg) {
+  redis_engine_t *e = arg;
+  redisAsyncContext *ac = redis_link_ctx(e->sub);
+  if (!ac) return;
+  const char *argv[2] = {pattern ? "PSUBSCRIBE" : "SUBSCRIBE", ch};
+  size_t lens[2] = {strlen(argv[0]), len};
+  if (redisAsyncCommandArgv(ac, redis__message, e, 2, argv, lens) == REDIS_OK)
+    e->sub_pending++;
+}
+
+static void redis__sub_down(redis_link_t *l, void *arg) {
+  redis_engine_t *e = arg;
+  e->sub_pending = 0; /* subscribed again when it is back */
+  redis__flush(e);
+}
+
+static void redis__sub_up(redis_link_t *l, void *arg) {
+  redis_engine_t *e = arg;
+  if (e->each) e->each(redis__sub_one, e, e->arg);
+}
+
+static void redis__pub_up(redis_link_t *l, void *arg) { redis__flush(arg); }
+
+redis_engine_t *redis_engine_new(reactor_t *r, const redis_url_t *u,
+                                 redis_msg_fn on_msg, redis_each_fn each,
+                                 void *arg) {
+  redis_engine_t *e = calloc(1, sizeof(*e));
+  if (!e) return NULL;
+  e->on_msg = on_msg;
+  e->each = each;
+  e->arg = arg;
+  e->sub = redis_link_new(r, u, "redis (subscriber)", 3000,
+                          (redis_link_hooks_t){redis__sub_up, redis__sub_down}, e);
+  e->pub = redis_link_new(r, u, "redis (publisher)", 3000,
+                          (redis_link_hooks_t){redis__pub_up, NULL}, e);
+  if (!e->sub || !e->pub) {
+    redis_engine_free(e);
+    return NULL;
+  }
+  return e;
+}
+
+void redis_engine_free(redis_engine_t *e) {
+  if (!e) return;
+  redis_link_free(e->sub);
+  redis_link_free(e->pub);
+  while (e->head) {
+    redis_pending_t *p = e->head;
+    e->head = p->next;
+    free(p);
+  }
+  free(e);
+}
+
+static void redis__close_fd(redis_link_t *l) {
+  if (l && l->ac && l->ac->c.fd >= 0) close(l->ac->c.fd);
+}
+
+void redis_engine_close_fds(redis_engine_t *e) {
+  redis__close_fd(e->sub);
+  redis__close_fd(e->pub);
+}
+
+void redis_engine_subscribe(redis_engine_t *e, const char *ch, size_t len,
+                            bool pattern) {
+  redis__sub_one(ch, len, pattern, e);
+}
+
+void redis_engine_unsubscribe(redis_engine_t *e, const char *ch, size_t len,
+                              bool pattern) {
+  redisAsyncContext *ac = redis_link_ctx(e->sub);
+  if (!ac) return; /* resubscribing after the reconnect leaves it out */
+  const char *argv[2] = {pattern ? "PUNSUBSCRIBE" : "UNSUBSCRIBE", ch};
+  size_t lens[2] = {strlen(argv[0]), len};
+  redisAsyncCommandArgv(ac, redis__message, e, 2, argv, lens);
+}
+
+static int redis__send(redis_engine_t *e, const char *ch, size_t clen,
+                       const char *msg, size_t mlen) {
+  redisAsyncContext *ac = redis_link_ctx(e->pub);
+  if (!ac) return -1;
+  const char *argv[3] = {"PUBLISH", ch, msg};
+  size_t lens[3] = {7, clen, mlen};
+  return redisAsyncCommandArgv(ac, NULL, NULL, 3, argv, lens) == REDIS_OK
+             ? 0
+             : -1;
+}
+
+static void redis__flush(redis_engine_t *e) {
+  if (e->sub_pending > 0 || !redis_link_ctx(e->pub)) return;
+  if (e->dropped) {
+    log_error("redis: Redis was away; dropped the %zu oldest messages "
+              "waiting to be published", e->dropped);
+    e->dropped = 0;
+  }
+  while (e->head) {
+    redis_pending_t *p = e->head;
+    if (redis__send(e, p->data, p->clen, p->data + p->clen, p->mlen)) return;
+    e->head = p->next;
+    if (!e->head) e->tail = NULL;
+    e->queued--;
+    e->queued_bytes -= p->clen + p->mlen;
+    free(p);
+  }
+}
+
+void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
+                          const char *msg, size_t mlen) {
+  if (!e->head && !e->sub_pending && redis__send(e, ch, clen, msg, mlen) == 0)
+    return;
+  redis_pending_t *p = malloc(sizeof(*p) + clen + mlen);
+  if (!p) {
+    e->dropped++;
+    return;
+  }
+  p->next = NULL;
+  p->clen = clen;
+  p->mlen = mlen;
+  memcpy(p->data, ch, clen);
+  memcpy(p->data + clen, msg, mlen);
+  if (e->tail)
+    e->tail->next = p;
+  else
+    e->head = p;
+  e->tail = p;
+  e->queued++;
+  e->queued_bytes += clen + mlen;
+  while (e->head && (e->queued > REDIS_QUEUE_MAX ||
+                     e->queued_bytes > REDIS_QUEUE_BYTES)) {
+    redis_pending_t *old = e->head;
+    e->head = old->next;
+    if (!e->head) e->tail = NULL;
+    e->queued--;
+    e->queued_bytes -= old->clen + old->mlen;
+    free(old);
+    if (e->dropped++ == 0)
+      log_error("redis: Redis is away and %d messages wait; dropping the "
+                "oldest", REDIS_QUEUE_MAX);
+  }
+  redis__flush(e); /* the link may be up with an older queue */
+}

@@ -1,0 +1,91 @@
+/* redis: Redis connections driven by a moonport reactor (hiredis's async
+ * API through its adapter hooks: no second event loop), and the pub/sub
+ * engine that joins the post offices of several servers through one
+ * Redis. One reactor thread owns each link and engine. */
+#ifndef MP_REDIS_H
+#define MP_REDIS_H
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "net/reactor.h"
+
+/* redis://[:password@]host[:port][/db] (also redis://user:password@...,
+ * the user being ignored: Redis 5 AUTH takes a password only). */
+typedef struct {
+  char host[256];
+  int port;
+  char password[256];
+  int db;
+} redis_url_t;
+
+/* 0, or -1 with a message in err. */
+int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen);
+
+/* ---- a link: one connection that reconnects ---- */
+
+typedef struct redis_link redis_link_t;
+
+typedef struct {
+  /* Connected (AUTH and SELECT are queued ahead of anything sent from
+   * here on). */
+  void (*up)(redis_link_t *l, void *arg);
+  /* Lost, or failed to connect; it retries by itself. */
+  void (*down)(redis_link_t *l, void *arg);
+} redis_link_hooks_t;
+
+/* Connects now and again after each loss, with a backoff from 100 ms to
+ * 5 s; a connect that takes longer than `connect_ms` fails. `name` is for
+ * log lines ("redis subscriber"). */
+redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
+                             const char *name, int connect_ms,
+                             redis_link_hooks_t hooks, void *arg);
+/* The live context (commands may be sent), or NULL while down. */
+redisAsyncContext *redis_link_ctx(redis_link_t *l);
+/* The same, or the context still connecting (commands sent to it wait
+ * for the connection, behind AUTH and SELECT). */
+redisAsyncContext *redis_link_ctx_any(redis_link_t *l);
+void redis_link_free(redis_link_t *l);
+
+/* ---- the pub/sub engine ---- */
+
+typedef struct redis_engine redis_engine_t;
+
+/* A message that came through Redis, for one subscription: the exact
+ * channel's (pat NULL) or pattern pat's. Redis sends one copy per
+ * matching subscription, so each copy is for its own subscribers only. */
+typedef void (*redis_msg_fn)(const char *ch, size_t clen, const char *msg,
+                             size_t mlen, const char *pat, size_t plen,
+                             void *arg);
+/* Calls add(ch, len, pattern, add_arg) for every channel and pattern the
+ * server subscribes to (to subscribe again after a reconnect). */
+typedef void (*redis_each_fn)(void (*add)(const char *ch, size_t len,
+                                          bool pattern, void *add_arg),
+                              void *add_arg, void *arg);
+
+/* Publishes that wait while Redis is away, at most. */
+#define REDIS_QUEUE_MAX 10000
+#define REDIS_QUEUE_BYTES ((size_t)64 << 20)
+
+redis_engine_t *redis_engine_new(reactor_t *r, const redis_url_t *u,
+                                 redis_msg_fn on_msg, redis_each_fn each,
+                                 void *arg);
+void redis_engine_free(redis_engine_t *e);
+/* In a process forked from the engine's: closes its sockets, frees
+ * nothing (the memory is the parent's copy). */
+void redis_engine_close_fds(redis_engine_t *e);
+/* The first subscriber of a channel or pattern in this server appeared,
+ * or the last one went. */
+void redis_engine_subscribe(redis_engine_t *e, const char *ch, size_t len,
+                            bool pattern);
+void redis_engine_unsubscribe(redis_engine_t *e, const char *ch, size_t len,
+                              bool pattern);
+/* PUBLISH; waits in a bounded queue while Redis is away (the oldest are
+ * dropped past REDIS_QUEUE_MAX messages or REDIS_QUEUE_BYTES, with a log
+ * line that says how many). */
+void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
+                          const char *msg, size_t mlen);
+
+#endif
