@@ -133,6 +133,25 @@ end
 
 function H.exists(path) return lfs.attributes(path, "mode") ~= nil end
 
+--- Whether `hay` contains `needle` (plain text, no patterns).
+function H.plain(hay, needle) return hay:find(needle, 1, true) ~= nil end
+
+--- How many lines of `text` contain `needle` (plain text).
+function H.count_lines(text, needle)
+  local n = 0
+  for _, l in ipairs(H.lines(text)) do
+    if H.plain(l, needle) then n = n + 1 end
+  end
+  return n
+end
+
+--- { [v] = true } for the values of a list.
+function H.set_of(list)
+  local s = {}
+  for _, v in ipairs(list) do s[v] = true end
+  return s
+end
+
 --- Absolute path of a fixture script.
 function H.fixture(name)
   if name:find("/", 1, true) then return abspath(name) end

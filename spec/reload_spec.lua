@@ -15,7 +15,7 @@ local ffi = require "ffi"     -- kill(2) is declared by spec/helper.lua
 local children, running = H.children, H.running
 
 local function kill(pid, sig) return ffi.C.kill(pid, sig) end
-local function plain(hay, needle) return hay:find(needle, 1, true) ~= nil end
+local plain = H.plain
 
 local TEMPLATE = assert(H.read_file(H.fixture("reload_app.lua")))
 
@@ -29,20 +29,7 @@ local function write_file(path, text)
   assert(f:close())
 end
 
--- Lines of stderr/stdout containing `needle` (plain text).
-local function count_lines(text, needle)
-  local n = 0
-  for _, l in ipairs(H.lines(text)) do
-    if plain(l, needle) then n = n + 1 end
-  end
-  return n
-end
-
-local function set_of(list)
-  local s = {}
-  for _, v in ipairs(list) do s[v] = true end
-  return s
-end
+local count_lines, set_of = H.count_lines, H.set_of
 
 ---------------------------------------------------------------------------
 -- Servers and their workers

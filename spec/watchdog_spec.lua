@@ -9,15 +9,7 @@ local ffi = require "ffi"     -- kill(2) is declared by spec/helper.lua
 
 local children, running = H.children, H.running
 
-local function plain(hay, needle) return hay:find(needle, 1, true) ~= nil end
-
-local function count_lines(text, needle)
-  local n = 0
-  for _, l in ipairs(H.lines(text)) do
-    if plain(l, needle) then n = n + 1 end
-  end
-  return n
-end
+local plain, count_lines = H.plain, H.count_lines
 
 local started, tracked = {}, {}
 

@@ -30,11 +30,7 @@ end
 
 local function kill(pid, sig) return ffi.C.kill(pid, sig or H.SIGKILL) end
 
-local function set_of(list)
-  local s = {}
-  for _, v in ipairs(list) do s[v] = true end
-  return s
-end
+local set_of = H.set_of
 
 local function count(t)
   local n = 0
@@ -42,7 +38,7 @@ local function count(t)
   return n
 end
 
-local function plain(hay, needle) return hay:find(needle, 1, true) ~= nil end
+local plain = H.plain
 
 ---------------------------------------------------------------------------
 -- Bookkeeping so that no process outlives its test

@@ -743,13 +743,15 @@ void reactor_listener_close(listener_t *l) {
   r->closed_listeners = l;
 }
 
-reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *),
-                               void *arg) {
+static reactor_watch_t *reactor__watch(reactor_t *r, int fd, unsigned flags,
+                                       void (*fn)(void *),
+                                       void (*fn_io)(void *, unsigned),
+                                       void *arg) {
   reactor_watch_t *w = calloc(1, sizeof(*w));
   if (!w) return NULL;
   *w = (reactor_watch_t){KIND_WATCH, fd, false, fn, arg, r, r->watches,
-                          NULL, POLL_READ};
-  int rc = poll_add(r->poller, fd, w, POLL_READ);
+                          fn_io, flags};
+  int rc = poll_add(r->poller, fd, w, flags);
   if (rc) {
     free(w);
     errno = -rc;
@@ -759,21 +761,15 @@ reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *),
   return w;
 }
 
+reactor_watch_t *reactor_watch(reactor_t *r, int fd, void (*fn)(void *),
+                               void *arg) {
+  return reactor__watch(r, fd, POLL_READ, fn, NULL, arg);
+}
+
 reactor_watch_t *reactor_watch_io(reactor_t *r, int fd, unsigned flags,
                                   void (*fn)(void *arg, unsigned events),
                                   void *arg) {
-  reactor_watch_t *w = calloc(1, sizeof(*w));
-  if (!w) return NULL;
-  *w = (reactor_watch_t){KIND_WATCH, fd, false, NULL, arg, r, r->watches,
-                          fn, flags};
-  int rc = poll_add(r->poller, fd, w, flags);
-  if (rc) {
-    free(w);
-    errno = -rc;
-    return NULL;
-  }
-  r->watches = w;
-  return w;
+  return reactor__watch(r, fd, flags, NULL, fn, arg);
 }
 
 int reactor_watch_set(reactor_watch_t *w, unsigned flags) {
