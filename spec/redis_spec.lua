@@ -563,6 +563,9 @@ local function start(opts)
   if opts.redis_env then   -- MOONPORT_REDIS instead of the option
     options = {}
     env = { MOONPORT_REDIS = url }
+  elseif opts.engine then  -- mp.engine { redis = url } in the script
+    options = {}
+    env = { PUBSUB_NODE_ENGINE = url }
   end
   if opts.workers then options[#options + 1] = "-w"; options[#options + 1] = opts.workers end
   local srv = H.start(FIXTURE, {
@@ -1352,6 +1355,31 @@ describe("redis", function()
       assert.same({ "E s " .. ch .. " via-env" }, y:take(1))
       X:stop()
       Y:stop()
+    end)
+
+    it("mp.engine { redis = url } at the script's top level works like --redis (workers too); a bad URL there stops the start with one line", function()
+      local tok = token()
+      local ch = tok .. ".engine"
+      local X = start { name = "X", redis = R, engine = true, workers = 2 }
+      local Y = start { name = "Y", redis = R }
+      local x, y = X:client(), Y:client()
+      x:sub("E", "-", ch)
+      y:sub("E", "-", ch)
+      wait_numsub(R, ch, 2)
+      y:pub("-", ch, "via-engine")
+      assert.same({ "E s " .. ch .. " via-engine" }, x:take(1))
+      assert.same({ "E s " .. ch .. " via-engine" }, y:take(1))
+      x:pub("-", ch, "from-x")
+      assert.same({ "E s " .. ch .. " from-x" }, x:take(1))
+      assert.same({ "E s " .. ch .. " from-x" }, y:take(1))
+      X:stop()
+      Y:stop()
+      local port = H.free_port()
+      local st, _, err = H.run({ "-w", "2", H.fixture("pubsub_node.lua"), port },
+        { env = { PUBSUB_NODE_ENGINE = "redis://127.0.0.1:0" } })
+      assert.equal(1, st, err)
+      assert.truthy(H.one_line(err):find("mp.engine: bad port in the Redis URL", 1, true), err)
+      assert.is_false(H.is_listening(port))
     end)
   end)
 

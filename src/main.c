@@ -741,7 +741,7 @@ int main(int argc, char **argv) {
   srv.grace_ms = (uint64_t)(o.grace * 1000);
   srv.lua_timeout_ms = (uint64_t)(o.lua_timeout * 1000);
   srv.redis_url = o.redis;
-  srv.remote = o.redis != NULL;
+  srv.redis_cli = srv.remote = o.redis != NULL;
   pthread_mutex_init(&srv.listen_lock, NULL);
   pthread_mutex_init(&srv.ipc_lock, NULL);
   srv.ipc_fd = -1;

@@ -116,6 +116,9 @@ struct lx_server {
    * messages go through it (every process knows); the engine and the
    * reactor it lives on (the root's, or lane 1's with one process). */
   const char *redis_url;
+  char *redis_url_own; /* set by mp.engine */
+  bool redis_cli;      /* from --redis / MOONPORT_REDIS */
+  bool engine_started; /* lx_engine_start ran: mp.engine is too late */
   bool remote;
   struct redis_engine *engine;
   reactor_t *engine_r;

@@ -106,6 +106,7 @@ static void lx__engine_each(void (*add)(const char *, size_t, bool, void *),
 }
 
 int lx_engine_start(lx_server_t *srv, reactor_t *r) {
+  srv->engine_started = true;
   if (!srv->redis_url) return 0;
   redis_url_t u;
   char err[512];
@@ -128,6 +129,9 @@ void lx_engine_stop(lx_server_t *srv) {
   redis_engine_t *e = srv->engine;
   srv->engine = NULL;
   redis_engine_free(e);
+  free(srv->redis_url_own);
+  srv->redis_url_own = NULL;
+  srv->redis_url = NULL;
 }
 
 void lx_engine_after_fork(lx_server_t *srv) {

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "lx/lx.h"
+#include "redis/redis.h"
 
 #define LX_TIMER_MT "moonport.timer"
 #define LX_LISTENER_MT "moonport.listener"
@@ -659,6 +660,34 @@ static int lx_on(lua_State *L) {
   return 0;
 }
 
+/* mp.engine { redis = url }: pub/sub through Redis, like --redis (which
+ * wins). Only before the server starts: at the script's top level. */
+static int lx_engine(lua_State *L) {
+  lx_lane_t *ln = lx__ln(L);
+  lx_server_t *srv = ln->srv;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "redis");
+  if (!lua_isstring(L, -1))
+    return luaL_error(L, "mp.engine: give { redis = \"redis://host:port\" }");
+  const char *url = lua_tostring(L, -1);
+  if (srv->redis_cli) return 0; /* --redis / MOONPORT_REDIS win */
+  if (srv->redis_url && strcmp(srv->redis_url, url) == 0) return 0;
+  if (srv->engine_started)
+    return luaL_error(L, "mp.engine: the engine is chosen when the server "
+                         "starts (at the script's top level); it uses %s",
+                      srv->redis_url ? srv->redis_url : "none");
+  if (srv->redis_url)
+    return luaL_error(L, "mp.engine: already set to %s", srv->redis_url);
+  char err[512];
+  redis_url_t u;
+  if (redis_url_parse(url, &u, err, sizeof(err)))
+    return luaL_error(L, "mp.engine: %s", err);
+  srv->redis_url = srv->redis_url_own = strdup(url);
+  if (!srv->redis_url) return luaL_error(L, "mp.engine: out of memory");
+  srv->remote = true;
+  return 0;
+}
+
 static int lx_stop(lua_State *L) {
   kill(getpid(), SIGTERM);
   return 0;
@@ -709,6 +738,7 @@ static const luaL_Reg lx_functions[] = {
     {"on", lx_on},           {"stop", lx_stop},       {"threads", lx_threads},
     {"lane", lx_lane},       {"pid", lx_pid},         {"now", lx_now},
     {"is_root", lx_is_root}, {"worker", lx_worker},   {"workers", lx_workers},
+    {"engine", lx_engine},
     {NULL, NULL}};
 
 static const luaL_Reg lx_timer_methods[] = {
