@@ -44,6 +44,8 @@ typedef struct {
   size_t body_len, body_cap;
   bool continued;    /* 100 Continue sent */
   bool keep_alive;   /* of the request in flight */
+  uint64_t deadline; /* the request that is arriving must be whole by
+                        then (header_timeout from its first byte) */
 } lx_hconn_t;
 
 /* The response object of one request. */
@@ -135,6 +137,24 @@ static void lx__hconn_free(lx_hconn_t *hc) {
 
 static void lx__process(conn_t *c, lx_hconn_t *hc);
 
+/* Moves a parsed request's pointers from buffer `from` to `to`. */
+static void lx__rebase(http_request_t *r, const char *from, const char *to) {
+#define LX_MOVE(p) (p) = to + ((p) - from)
+  LX_MOVE(r->method);
+  LX_MOVE(r->target);
+  for (int i = 0; i < r->nheaders; i++) {
+    LX_MOVE(r->headers[i].name);
+    LX_MOVE(r->headers[i].value);
+  }
+#undef LX_MOVE
+}
+
+/* The idle timer, used as the arriving request's deadline. */
+static void lx__until_deadline(conn_t *c, lx_hconn_t *hc) {
+  uint64_t now = reactor_now(hc->svc->ln->r);
+  reactor_conn_set_timeout(c, hc->deadline > now ? (uint32_t)(hc->deadline - now) : 1);
+}
+
 static void lx_http_on_open(conn_t *c) {
   lx_service_t *s = reactor_conn_service(c);
   s->conns++;
@@ -159,9 +179,17 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
     lx__refuse(c, hc, hc->state == H_HEAD ? 431 : 413);
     return;
   }
+  uint64_t now = reactor_now(hc->svc->ln->r);
+  if (hc->len == 0) { /* a request begins */
+    hc->deadline = now + cfg->header_timeout_ms;
+  } else if (now >= hc->deadline) { /* dribbled in too slowly */
+    lx__refuse(c, hc, 408);
+    return;
+  }
   if (hc->len + len > hc->cap) {
     size_t cap = hc->cap ? hc->cap : 4096;
     while (cap < hc->len + len) cap *= 2;
+    char *old = hc->in;
     char *p = realloc(hc->in, cap);
     if (!p) {
       lx__refuse(c, hc, 500);
@@ -169,6 +197,8 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
     }
     hc->in = p;
     hc->cap = cap;
+    /* A parsed head waiting for its body points into the buffer. */
+    if (hc->state == H_BODY && old && p != old) lx__rebase(&hc->req, old, p);
   }
   memcpy(hc->in + hc->len, data, len);
   hc->len += len;
@@ -347,7 +377,7 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
       }
       int rc = http_parse_head(hc->in, hc->len, cfg->max_header, &hc->req);
       if (rc == HTTP_NEED_MORE) {
-        reactor_conn_set_timeout(c, cfg->header_timeout_ms);
+        lx__until_deadline(c, hc);
         return;
       }
       if (rc < 0) {
@@ -407,7 +437,7 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
       static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
       reactor_conn_write(c, cont, sizeof(cont) - 1);
     }
-    reactor_conn_set_timeout(c, cfg->header_timeout_ms);
+    lx__until_deadline(c, hc);
     return;
   }
 }
@@ -432,6 +462,7 @@ static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive) {
     return;
   }
   hc->state = H_HEAD;
+  hc->deadline = reactor_now(hc->svc->ln->r) + lx__cfg(hc->svc)->header_timeout_ms;
   /* Not from here (inside the handler's Lua): pipelined requests run as
    * the connection's next callback. */
   if (hc->len)
@@ -513,32 +544,49 @@ static int lx_res_header(lua_State *L) {
   return 1;
 }
 
-/* Writes the status line and headers; len < 0: chunked (or, for an
- * HTTP/1.0 client, until the connection closes). */
-static int lx__write_head(conn_t *c, lx_res_t *res, long long len) {
-  char head[512];
+/* Small bodies go out in the same write as the head. */
+#define LX_HTTP_INLINE_BODY 4096
+
+/* Writes the status line, the headers and, if it is small, the body
+ * (*inlined says so); len < 0: a chunked body follows (or, for an HTTP/1.0
+ * client, one delimited by closing the connection). */
+static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
+                          const char *body, bool *inlined) {
+  lx_hconn_t *hc = reactor_conn_udata(c);
+  if (hc && !hc->keep_alive) res->keep_alive = false; /* shutting down */
   bool chunked = len < 0 && !res->http10;
   if (len < 0 && res->http10) res->keep_alive = false;
-  int n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\nDate: %s\r\n",
-                   res->status, lx__reason(res->status), lx__date());
+  size_t blen = body && len > 0 && len <= LX_HTTP_INLINE_BODY && !res->head_only
+                    ? (size_t)len : 0;
+  char stack[512 + LX_HTTP_INLINE_BODY + 1024];
+  size_t need = 400 + res->hlen + blen;
+  char *buf = need <= sizeof(stack) ? stack : malloc(need);
+  if (!buf) return -ENOMEM;
+  size_t cap = need <= sizeof(stack) ? sizeof(stack) : need;
+  int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nDate: %s\r\n", res->status,
+                   lx__reason(res->status), lx__date());
   if (chunked)
-    n += snprintf(head + n, sizeof(head) - (size_t)n,
-                  "Transfer-Encoding: chunked\r\n");
+    n += snprintf(buf + n, cap - (size_t)n, "Transfer-Encoding: chunked\r\n");
   else if (len >= 0 && res->status != 204 && res->status != 304 &&
            res->status >= 200)
-    n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %lld\r\n",
-                  len);
+    n += snprintf(buf + n, cap - (size_t)n, "Content-Length: %lld\r\n", len);
   if (!res->keep_alive)
-    n += snprintf(head + n, sizeof(head) - (size_t)n, "Connection: close\r\n");
+    n += snprintf(buf + n, cap - (size_t)n, "Connection: close\r\n");
   else if (res->http10)
-    n += snprintf(head + n, sizeof(head) - (size_t)n,
-                  "Connection: keep-alive\r\n");
+    n += snprintf(buf + n, cap - (size_t)n, "Connection: keep-alive\r\n");
   if (!res->has_type && len != 0)
-    n += snprintf(head + n, sizeof(head) - (size_t)n,
+    n += snprintf(buf + n, cap - (size_t)n,
                   "Content-Type: text/plain; charset=utf-8\r\n");
-  int rc = reactor_conn_write(c, head, (size_t)n);
-  if (!rc && res->hlen) rc = reactor_conn_write(c, res->headers, res->hlen);
-  if (!rc) rc = reactor_conn_write(c, "\r\n", 2);
+  size_t at = (size_t)n;
+  memcpy(buf + at, res->headers, res->hlen);
+  at += res->hlen;
+  memcpy(buf + at, "\r\n", 2);
+  at += 2;
+  if (blen) memcpy(buf + at, body, blen);
+  at += blen;
+  *inlined = blen > 0 || len <= 0 || res->head_only;
+  int rc = reactor_conn_write(c, buf, at);
+  if (buf != stack) free(buf);
   return rc;
 }
 
@@ -580,8 +628,11 @@ static int lx_res_send(lua_State *L) {
     res->done = true;
     return lx_push_fail(L, -EPIPE);
   }
-  int rc = lx__write_head(c, res, (long long)n);
-  if (!rc && n && !res->head_only) rc = lx__write_body(L, res, c, 2, body, n);
+  /* 1xx, 204 and 304 have no body (RFC 9110 6.4.1): one given is dropped */
+  if (res->status < 200 || res->status == 204 || res->status == 304) n = 0;
+  bool inlined;
+  int rc = lx__write_head(c, res, (long long)n, body, &inlined);
+  if (!rc && !inlined) rc = lx__write_body(L, res, c, 2, body, n);
   lx__finish(res, c, hc);
   if (rc) return lx_push_fail(L, rc);
   lua_pushboolean(L, 1);
@@ -636,8 +687,9 @@ static int lx_res_write(lua_State *L) {
   if (!c) return lx_push_fail(L, -EPIPE);
   int rc = 0;
   if (!res->started) {
+    bool inlined;
     res->started = true;
-    rc = lx__write_head(c, res, -1);
+    rc = lx__write_head(c, res, -1, NULL, &inlined);
   }
   if (!rc && n && !res->head_only) {
     if (!res->http10) {
@@ -687,7 +739,8 @@ static int lx_res_sendfile(lua_State *L) {
     if (fd >= 0) close(fd);
     return lx_push_fail(L, -e);
   }
-  int rc = lx__write_head(c, res, (long long)st.st_size);
+  bool inlined;
+  int rc = lx__write_head(c, res, (long long)st.st_size, NULL, &inlined);
   if (!rc && st.st_size && !res->head_only)
     rc = reactor_conn_sendfile(c, fd, 0, (size_t)st.st_size); /* owns fd */
   else
