@@ -70,6 +70,7 @@ bench: all
 	@bash scripts/bench-echo
 	@bash scripts/bench-pubsub
 	@bash scripts/bench-redis
+	@bash scripts/bench-http
 
 run: setup
 	@$(MAKE) --no-print-directory all
