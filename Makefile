@@ -22,7 +22,7 @@ LDFLAGS += $(OPT) -pthread -rdynamic
 LDLIBS  += $(LUAJIT_LIBS) -lhiredis -lm -ldl
 
 OUT     := build/$(VARIANT)
-SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/lx/*.c)
+SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/http/*.c src/lx/*.c)
 OBJS    := $(SRCS:%.c=$(OUT)/%.o)
 UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN     := $(OUT)/moonport
@@ -70,6 +70,7 @@ bench: all
 	@bash scripts/bench-echo
 	@bash scripts/bench-pubsub
 	@bash scripts/bench-redis
+	@bash scripts/bench-http
 
 run: setup
 	@$(MAKE) --no-print-directory all

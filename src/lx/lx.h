@@ -230,6 +230,8 @@ typedef struct lx_service {
   lx_shared_listener_t *shared;
   int conns;   /* connections using it */
   bool client; /* freed with its one connection */
+  void *ext;   /* a protocol's own settings (HTTP), freed by ext_free */
+  void (*ext_free)(struct lx_service *s);
   bool closed; /* the listener is closed */
   struct lx_service *prev, *next;
 } lx_service_t;
@@ -240,6 +242,10 @@ void lx_conn_open(lua_State *L, lx_lane_t *ln);
  * service (raises on bad values). */
 lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
                              bool client);
+/* lx_service_new for a listener (idx: the options table). */
+lx_service_t *lx_service_new_server(lua_State *L, lx_lane_t *ln, int idx);
+/* Puts a service made elsewhere (HTTP) on its lane's list. */
+void lx_service_link(lx_service_t *s);
 /* Frees a service when nothing uses it any more. */
 void lx_service_maybe_free(lx_service_t *s);
 void lx_service_free(lx_service_t *s);
@@ -318,6 +324,16 @@ void lx_sleeps_abandon(lx_lane_t *ln);
 void lx_timer_failed(lx_timer_t *t);
 /* A registry ref to the timer's userdata (LUA_NOREF once finished). */
 int lx_timer_anchor(lx_timer_t *t);
+
+/* mp.listen's body, with the service for each lane made by `make` from
+ * the options table at idx (mp.http passes its own). */
+int lx_listen_with(lua_State *L, lx_lane_t *ln,
+                   lx_service_t *(*make)(lua_State *L, lx_lane_t *ln, int idx));
+
+/* ---- lx_http.c ---- */
+
+/* Adds mp.http to the module table at the top of L. */
+void lx_http_open(lua_State *L, lx_lane_t *ln);
 
 /* The `moonport` module loader (package.preload). */
 int luaopen_moonport(lua_State *L);

@@ -418,8 +418,21 @@ lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
   return s;
 }
 
+lx_service_t *lx_service_new_server(lua_State *L, lx_lane_t *ln, int idx) {
+  return lx_service_new(L, ln, idx, false);
+}
+
+void lx_service_link(lx_service_t *s) {
+  lx_lane_t *ln = s->ln;
+  s->prev = NULL;
+  s->next = ln->services;
+  if (s->next) s->next->prev = s;
+  ln->services = s;
+}
+
 void lx_service_free(lx_service_t *s) {
   lx_lane_t *ln = s->ln;
+  if (s->ext_free) s->ext_free(s);
   int *refs[] = {&s->on_open,     &s->on_data,  &s->on_ready, &s->on_timeout,
                  &s->on_shutdown, &s->on_close, &s->on_fail};
   for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++)

@@ -234,7 +234,11 @@ static lx_listener_ud_t *lx__push_listener(lua_State *L, lx_service_t *svc,
 }
 
 static int lx_listen(lua_State *L) {
-  lx_lane_t *ln = lx__ln(L);
+  return lx_listen_with(L, lx__ln(L), lx_service_new_server);
+}
+
+int lx_listen_with(lua_State *L, lx_lane_t *ln,
+                   lx_service_t *(*make)(lua_State *L, lx_lane_t *ln, int idx)) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_getfield(L, 1, "path");
   lua_getfield(L, 1, "address");
@@ -270,7 +274,7 @@ static int lx_listen(lua_State *L) {
   else
     snprintf(desc, sizeof(desc), strchr(host, ':') ? "[%s]:%d" : "%s:%d",
              host, port);
-  lx_service_t *svc = lx_service_new(L, ln, 1, false);
+  lx_service_t *svc = make(L, ln, 1);
   int err = 0;
   lx_shared_listener_t *sl =
       lx__shared_acquire(ln->srv, key, host, port, path, backlog, &err);
@@ -769,6 +773,7 @@ int luaopen_moonport(lua_State *L) {
   lx_push_waiter(L, ln, lx__sleep_check, lx__sleep_arm);
   lua_setfield(L, -2, "sleep");
   lx_pubsub_open(L, ln);
+  lx_http_open(L, ln);
   lx_redis_open(L, ln);
   lua_pushliteral(L, MOONPORT_VERSION);
   lua_setfield(L, -2, "version");
