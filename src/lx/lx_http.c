@@ -137,18 +137,6 @@ static void lx__hconn_free(lx_hconn_t *hc) {
 
 static void lx__process(conn_t *c, lx_hconn_t *hc);
 
-/* Moves a parsed request's pointers from buffer `from` to `to`. */
-static void lx__rebase(http_request_t *r, const char *from, const char *to) {
-#define LX_MOVE(p) (p) = to + ((p) - from)
-  LX_MOVE(r->method);
-  LX_MOVE(r->target);
-  for (int i = 0; i < r->nheaders; i++) {
-    LX_MOVE(r->headers[i].name);
-    LX_MOVE(r->headers[i].value);
-  }
-#undef LX_MOVE
-}
-
 /* The idle timer, used as the arriving request's deadline. */
 static void lx__until_deadline(conn_t *c, lx_hconn_t *hc) {
   uint64_t now = reactor_now(hc->svc->ln->r);
@@ -189,7 +177,6 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
   if (hc->len + len > hc->cap) {
     size_t cap = hc->cap ? hc->cap : 4096;
     while (cap < hc->len + len) cap *= 2;
-    char *old = hc->in;
     char *p = realloc(hc->in, cap);
     if (!p) {
       lx__refuse(c, hc, 500);
@@ -197,8 +184,10 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
     }
     hc->in = p;
     hc->cap = cap;
-    /* A parsed head waiting for its body points into the buffer. */
-    if (hc->state == H_BODY && old && p != old) lx__rebase(&hc->req, old, p);
+    /* A parsed head waiting for its body points into the buffer: parse it
+     * again where it is now (the same bytes: it succeeds as before). */
+    if (hc->state == H_BODY)
+      http_parse_head(hc->in, hc->len, cfg->max_header, &hc->req);
   }
   memcpy(hc->in + hc->len, data, len);
   hc->len += len;
@@ -578,7 +567,7 @@ static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
     n += snprintf(buf + n, cap - (size_t)n,
                   "Content-Type: text/plain; charset=utf-8\r\n");
   size_t at = (size_t)n;
-  memcpy(buf + at, res->headers, res->hlen);
+  if (res->hlen) memcpy(buf + at, res->headers, res->hlen);
   at += res->hlen;
   memcpy(buf + at, "\r\n", 2);
   at += 2;
