@@ -67,7 +67,7 @@ local function Q() return H.T(0.2) end
 -- frames followed by the channel and the message.
 ---------------------------------------------------------------------------
 
-local Client = {}
+local Client = require("spec.node_client")({})
 Client.__index = Client
 
 function Client:_parse()
@@ -95,36 +95,6 @@ function Client:_parse()
   end
 end
 
--- Reads what arrives before `deadline`; false once nothing more came.
-function Client:_fill(deadline)
-  local rem = deadline - H.now()
-  if rem <= 0 or self.closed then return false end
-  local data, err = H.read_some(self.c, rem)
-  if data then
-    self.buf = self.buf .. data
-    self:_parse()
-    return true
-  end
-  if err ~= "timeout" then self.closed = err end
-  return false
-end
-
-function Client:wait(pred, timeout, what)
-  local deadline = H.now() + (timeout or H.T(5))
-  while not pred() do
-    if not self:_fill(deadline) and not pred() and (self.closed or H.now() >= deadline) then
-      error(("%s: %s while waiting for %s\n%s"):format(self.name,
-        self.closed and ("connection " .. self.closed) or "timed out",
-        type(what) == "function" and what() or what, self.node:describe()), 0)
-    end
-  end
-end
-
-function Client:send(data)
-  local ok, err = H.send(self.c, data, H.T(10))
-  assert(ok, self.name .. ": send failed: " .. tostring(err))
-end
-
 -- The next reply line, and its place among everything this client
 -- received (replies and deliveries are numbered in arrival order).
 function Client:reply(timeout)
@@ -135,23 +105,6 @@ end
 function Client:cmd(line, timeout)
   self:send(line .. "\n")
   return (self:reply(timeout))
-end
-
-function Client:expect_reply(line, want, timeout)
-  assert.equal(want, self:cmd(line, timeout), self.name .. ": reply to " .. line:sub(1, 80))
-end
-
-function Client:sub(label, flags, ch)
-  self:expect_reply(("sub %s %s %s"):format(label, flags, ch), "ok sub " .. label)
-end
-
-function Client:pub(scope, ch, text)
-  self:expect_reply(("pub %s %s %s"):format(scope, ch, text or ""), "ok pub")
-end
-
-function Client:pubraw(scope, ch, msg)
-  self:send(("pubraw %s %d %d\n"):format(scope, #ch, #msg) .. ch .. msg)
-  assert.equal("ok pub", self:reply(H.T(10)), self.name .. ": pubraw")
 end
 
 -- Returns once the root has read every frame this client's process sent
@@ -169,15 +122,6 @@ function Client:expect(label, ch, msg, kind)
   assert.same({ label = label, kind = kind or "s", ch = ch, msg = msg },
     { label = d.label, kind = d.kind, ch = d.ch, msg = d.msg }, self.name .. ": next delivery")
   return d
-end
-
-function Client:collect(n, timeout)
-  self:wait(function() return #self.deliveries >= n end, timeout, function()
-    return ("%d deliveries (have %d)"):format(n, #self.deliveries)
-  end)
-  local got = {}
-  for i = 1, n do got[i] = table.remove(self.deliveries, 1) end
-  return got
 end
 
 -- Nothing more is delivered for a quiet period.
