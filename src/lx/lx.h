@@ -123,6 +123,7 @@ struct lx_server {
   struct redis_engine *engine;
   reactor_t *engine_r;
   bool exiting;       /* root: freeing everything; retired lanes wait */
+  int access_fd;      /* --log: one line per HTTP request, or -1 */
 };
 
 /* Everything in a lane belongs to the lane's thread (after start-up, which

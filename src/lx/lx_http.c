@@ -49,6 +49,12 @@ typedef struct {
   uint64_t deadline; /* the request that is arriving must be whole by
                         then (header_timeout from its first byte) */
   lx_stream_t *stream; /* H_STREAM: what the connection became */
+  sock_uuid_t uuid;
+  /* For the access log: the response's status and body bytes, and when
+   * the request was whole. */
+  int log_status;
+  uint64_t log_bytes;
+  uint64_t t_start;
 } lx_hconn_t;
 
 /* The response object of one request. */
@@ -117,6 +123,71 @@ static const char *lx__date(void) {
   return buf;
 }
 
+/* Appends s[0..n) to out for a log line: quotes, backslashes, control
+ * bytes and bytes past ASCII as \xHH. Returns the new length. */
+static size_t lx__log_escape(char *out, size_t at, size_t cap, const char *s,
+                             size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < n && at + 4 < cap; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch < 0x20 || ch >= 0x7f || ch == '"' || ch == '\\') {
+      out[at++] = '\\';
+      out[at++] = 'x';
+      out[at++] = hex[ch >> 4];
+      out[at++] = hex[ch & 15];
+    } else {
+      out[at++] = (char)ch;
+    }
+  }
+  return at;
+}
+
+/* One access-log line (--log) in the combined format, with the seconds
+ * the response took: one write(2), so lines of different lanes and
+ * processes don't mix (O_APPEND). `req`: the parsed request or NULL. */
+static void lx__access(conn_t *c, lx_hconn_t *hc, const http_request_t *req,
+                       int status, uint64_t bytes) {
+  lx_server_t *srv = hc->svc->ln->srv;
+  if (srv->access_fd < 0) return;
+  char ip[128];
+  int port;
+  if (sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port)) strcpy(ip, "-");
+  time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  char when[40];
+  strftime(when, sizeof(when), "%d/%b/%Y:%H:%M:%S +0000", &tm);
+  char line[4096];
+  size_t cap = sizeof(line) - 2, at;
+  at = (size_t)snprintf(line, cap, "%s - - [%s] \"", ip, when);
+  const http_header_t *ref = NULL, *ua = NULL;
+  if (req) {
+    at = lx__log_escape(line, at, cap, req->method, req->method_len);
+    line[at++] = ' ';
+    at = lx__log_escape(line, at, cap, req->target, req->target_len);
+    at += (size_t)snprintf(line + at, cap - at, " HTTP/1.%d", req->minor);
+    ref = http_header(req, "referer");
+    ua = http_header(req, "user-agent");
+  } else {
+    line[at++] = '-';
+  }
+  uint64_t took = reactor_now(hc->svc->ln->r) - hc->t_start;
+  at += (size_t)snprintf(line + at, cap > at ? cap - at : 0, "\" %d %llu \"",
+                         status, (unsigned long long)bytes);
+  if (at > cap) at = cap;
+  at = ref ? lx__log_escape(line, at, cap, ref->value, ref->value_len)
+           : lx__log_escape(line, at, cap, "-", 1);
+  if (at + 3 < cap) line[at++] = '"', line[at++] = ' ', line[at++] = '"';
+  at = ua ? lx__log_escape(line, at, cap, ua->value, ua->value_len)
+          : lx__log_escape(line, at, cap, "-", 1);
+  at += (size_t)snprintf(line + at, cap > at ? cap - at : 0, "\" %.3f",
+                         req ? (double)took / 1000.0 : 0.0);
+  if (at > cap) at = cap;
+  line[at++] = '\n';
+  ssize_t w = write(srv->access_fd, line, at);
+  (void)w; /* a full disk loses log lines, not requests */
+}
+
 /* A response to a request the server refuses; the connection then
  * closes. */
 static void lx__refuse(conn_t *c, lx_hconn_t *hc, int status) {
@@ -127,6 +198,8 @@ static void lx__refuse(conn_t *c, lx_hconn_t *hc, int status) {
                    "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n",
                    status, reason, lx__date(), strlen(reason) + 1, reason);
   reactor_conn_write(c, buf, (size_t)n);
+  lx__access(c, hc, hc->state == H_HEAD ? NULL : &hc->req, status,
+             strlen(reason) + 1);
   hc->state = H_CLOSING;
   reactor_conn_close(c, CONN_LOCAL);
 }
@@ -159,6 +232,7 @@ static void lx_http_on_open(conn_t *c) {
     return;
   }
   hc->svc = s;
+  hc->uuid = reactor_conn_uuid(c);
   reactor_conn_set_udata(c, hc);
   reactor_conn_set_timeout(c, lx__cfg(s)->header_timeout_ms);
 }
@@ -188,6 +262,7 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
   uint64_t now = reactor_now(hc->svc->ln->r);
   if (hc->len == 0) { /* a request begins */
     hc->deadline = now + cfg->header_timeout_ms;
+    hc->t_start = now;
   } else if (now >= hc->deadline) { /* dribbled in too slowly */
     lx__refuse(c, hc, 408);
     return;
@@ -271,6 +346,63 @@ static void lx__body_add(const char *p, size_t n, void *arg) {
   }
 }
 
+/* Registry keys (their addresses): the request tables' metatable, and the
+ * key under which a request keeps its connection's uuid. */
+static const char lx_req_mt_key = 0;
+static const char lx_req_uuid_key = 0;
+
+/* req.form (made on first use: the query's and, for a urlencoded body,
+ * the body's name=value pairs; a repeated name keeps its last value) and
+ * req:peer(). */
+static const char lx_req_mt_src[] =
+    "local peer, unescape, rawget, rawset = ...\n"
+    "local function parse(s, into)\n"
+    "  for pair in s:gmatch('[^&;]+') do\n"
+    "    local k, v = pair:match('^([^=]*)=?(.*)$')\n"
+    "    if k ~= '' then into[unescape(k)] = unescape(v) end\n"
+    "  end\n"
+    "end\n"
+    "return { __index = function(req, k)\n"
+    "  if k == 'peer' then return peer end\n"
+    "  if k ~= 'form' then return nil end\n"
+    "  local f = {}\n"
+    "  parse(rawget(req, 'query') or '', f)\n"
+    "  local ct = rawget(req, 'headers')['content-type']\n"
+    "  if ct and ct:lower():find('^%s*application/x%-www%-form%-urlencoded') then\n"
+    "    parse(rawget(req, 'body') or '', f)\n"
+    "  end\n"
+    "  rawset(req, 'form', f)\n"
+    "  return f\n"
+    "end }\n";
+
+/* unescape(s): a form field decoded ('+' is a space); s as it is if it
+ * holds a bad escape. */
+static int lx_req_unescape(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  if (!memchr(s, '%', n) && !memchr(s, '+', n)) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  char *out = malloc(n ? n : 1);
+  if (!out) return luaL_error(L, "out of memory");
+  ssize_t dl = http_unescape(s, n, out, true);
+  if (dl < 0) lua_pushlstring(L, s, n);
+  else lua_pushlstring(L, out, (size_t)dl);
+  free(out);
+  return 1;
+}
+
+/* req:peer(): ip, port of the client (as conn:peer()), nil once gone. */
+static int lx_req_peer(lua_State *L) {
+  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_pushlightuserdata(L, (void *)&lx_req_uuid_key);
+  lua_rawget(L, 1);
+  sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
+  return lx_push_peer(L, uuid ? reactor_conn_find(ln->r, uuid) : NULL);
+}
+
 /* Pushes the request table. Returns false (nothing pushed) for a target
  * that can't be decoded. */
 static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
@@ -337,6 +469,12 @@ static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
   lua_setfield(L, -2, "headers");
   lua_pushlstring(L, body, blen);
   lua_setfield(L, -2, "body");
+  lua_pushlightuserdata(L, (void *)&lx_req_uuid_key);
+  lua_pushnumber(L, (lua_Number)hc->uuid);
+  lua_rawset(L, -3);
+  lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_setmetatable(L, -2);
   return true;
 }
 
@@ -402,6 +540,7 @@ static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
                    "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
                    accept);
   reactor_conn_write(c, resp, (size_t)n);
+  lx__access(c, hc, &hc->req, 101, 0);
   hc->state = H_STREAM;
   hc->stream = st;
   reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
@@ -544,6 +683,7 @@ static void lx__next(conn_t *c, void *arg) {
 
 /* The response of the request in flight is complete. */
 static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive) {
+  lx__access(c, hc, &hc->req, hc->log_status, hc->log_bytes);
   size_t used = hc->head_len;
   if (used > hc->len) used = hc->len;
   memmove(hc->in, hc->in + used, hc->len - used);
@@ -555,7 +695,8 @@ static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive) {
     return;
   }
   hc->state = H_HEAD;
-  hc->deadline = reactor_now(hc->svc->ln->r) + lx__cfg(hc->svc)->header_timeout_ms;
+  hc->t_start = reactor_now(hc->svc->ln->r);
+  hc->deadline = hc->t_start + lx__cfg(hc->svc)->header_timeout_ms;
   /* Not from here (inside the handler's Lua): pipelined requests run as
    * the connection's next callback. */
   if (hc->len)
@@ -647,6 +788,10 @@ static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
                           const char *body, bool *inlined) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   if (hc && !hc->keep_alive) res->keep_alive = false; /* shutting down */
+  if (hc) {
+    hc->log_status = res->status;
+    hc->log_bytes = len > 0 && !res->head_only ? (uint64_t)len : 0;
+  }
   bool chunked = len < 0 && !res->http10;
   if (len < 0 && res->http10) res->keep_alive = false;
   size_t blen = body && len > 0 && len <= LX_HTTP_INLINE_BODY && !res->head_only
@@ -786,6 +931,7 @@ static int lx_res_write(lua_State *L) {
       rc = reactor_conn_write(c, size, (size_t)sl);
     }
     if (!rc) rc = lx__write_body(L, res, c, 2, p, n);
+    hc->log_bytes += n;
     if (!rc && !res->http10) rc = reactor_conn_write(c, "\r\n", 2);
   }
   if (rc) return lx_push_fail(L, rc);
@@ -863,6 +1009,7 @@ static int lx_res_sse(lua_State *L) {
     res->done = true;
     return lx_push_fail(L, -EPIPE);
   }
+  lx__access(c, hc, &hc->req, res->status, 0);
   const http_header_t *last = http_header(&hc->req, "last-event-id");
   lx_stream_t *st = lx_sse_new(L, res->ln, c, opts, last ? last->value : NULL,
                                last ? last->value_len : 0);
@@ -1042,6 +1189,17 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
                       "=moonport.http"))
     lua_error(L);
   lua_call(L, 0, 1);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
+  if (luaL_loadbuffer(L, lx_req_mt_src, sizeof(lx_req_mt_src) - 1,
+                      "=moonport.request"))
+    lua_error(L);
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx_req_peer, 1);
+  lua_pushcfunction(L, lx_req_unescape);
+  lua_getglobal(L, "rawget");
+  lua_getglobal(L, "rawset");
+  lua_call(L, 4, 1);
   lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_http, 1);
