@@ -1250,6 +1250,57 @@ describe("mp.http", function()
     end)
   end)
 
+  describe("forms, peers and the access log", function()
+    it("req.form joins the query and a urlencoded body (decoded, the body's last value wins); req:peer(), req.conn_id", function()
+      local _, port = start()
+      local url = ("http://127.0.0.1:%d/form?a=1&b=h%%C3%%A9+llo&flag&bad=%%zz"):format(port)
+      local st, out, err = curl { url, "-d", "c=3&a=9;d=x%26y" }
+      assert.equal(0, st, err)
+      local r = cjson.decode(out)
+      assert.same({ a = "9", b = "h\xc3\xa9 llo", flag = "", bad = "%zz", c = "3", d = "x&y" }, r.form)
+      assert.equal("127.0.0.1", r.ip)
+      assert.is_number(r.port)
+      assert.is_true(r.port > 0 and r.port ~= port)
+      assert.is_number(r.conn_id)
+      assert.is_true(r.same)
+      -- a body of another type is not parsed
+      st, out, err = curl { url, "-H", "Content-Type: text/plain", "-d", "c=3" }
+      assert.equal(0, st, err)
+      r = cjson.decode(out)
+      assert.is_nil(r.form.c)
+      assert.equal("1", r.form.a)
+    end)
+
+    it("--log writes one combined-format line per request, refusals and escapes included", function()
+      local dir = H.tmpdir()
+      local path = dir .. "/access.log"
+      local srv, port = start({}, { options = { "--log", path } })
+      local st, _, err = curl { ("http://127.0.0.1:%d/hello?x=1"):format(port), "-A", 'agent "q"',
+        "-e", "http://ref/" }
+      assert.equal(0, st, err)
+      st = curl { ("http://127.0.0.1:%d/nope"):format(port) }
+      assert.equal(0, st)
+      local c = H.connect(port)
+      H.send(c, "BAD\1LINE\r\n\r\n")
+      H.read_to_eof(c, H.T(5))
+      H.wait_for(function()
+        local t = H.read_file(path) or ""
+        return select(2, t:gsub("\n", "")) >= 3
+      end, H.T(5), "three log lines")
+      local lines = H.lines(H.read_file(path))
+      assert.equal(3, #lines, table.concat(lines, "\n"))
+      assert.truthy(lines[1]:match('^127%.0%.0%.1 %- %- %[%d%d/%a%a%a/%d%d%d%d:%d%d:%d%d:%d%d %+0000%] ' ..
+        '"GET /hello%?x=1 HTTP/1%.1" 200 12 "http://ref/" "agent \\x22q\\x22" %d+%.%d%d%d$'), lines[1])
+      assert.truthy(lines[2]:find('"GET /nope HTTP/1.1" 404 ', 1, true), lines[2])
+      assert.truthy(lines[3]:find('"-" 400 ', 1, true), lines[3])
+      assert.equal(0, srv:stop())
+      -- a log that can't be opened: one line, exit 1
+      local st2, _, err2 = H.run { "--log", dir .. "/no/such/dir/log", H.fixture("http_app.lua"), H.free_port() }
+      assert.equal(1, st2)
+      assert.truthy(H.one_line(err2):find("cannot open the access log", 1, true), err2)
+    end)
+  end)
+
   describe("startup", function()
     it("mp.http without on_request or with a bad option fails at startup with one line", function()
       local port = H.free_port()

@@ -346,10 +346,8 @@ static void lx__body_add(const char *p, size_t n, void *arg) {
   }
 }
 
-/* Registry keys (their addresses): the request tables' metatable, and the
- * key under which a request keeps its connection's uuid. */
+/* Registry key (its address): the request tables' metatable. */
 static const char lx_req_mt_key = 0;
-static const char lx_req_uuid_key = 0;
 
 /* req.form (made on first use: the query's and, for a urlencoded body,
  * the body's name=value pairs; a repeated name keeps its last value) and
@@ -397,8 +395,7 @@ static int lx_req_unescape(lua_State *L) {
 static int lx_req_peer(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
   luaL_checktype(L, 1, LUA_TTABLE);
-  lua_pushlightuserdata(L, (void *)&lx_req_uuid_key);
-  lua_rawget(L, 1);
+  lua_getfield(L, 1, "conn_id");
   sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
   return lx_push_peer(L, uuid ? reactor_conn_find(ln->r, uuid) : NULL);
 }
@@ -469,9 +466,8 @@ static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
   lua_setfield(L, -2, "headers");
   lua_pushlstring(L, body, blen);
   lua_setfield(L, -2, "body");
-  lua_pushlightuserdata(L, (void *)&lx_req_uuid_key);
   lua_pushnumber(L, (lua_Number)hc->uuid);
-  lua_rawset(L, -3);
+  lua_setfield(L, -2, "conn_id");
   lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
   lua_setmetatable(L, -2);
