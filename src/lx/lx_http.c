@@ -109,7 +109,23 @@ static const char *lx__reason(int status) {
   }
 }
 
-/* The Date header's value, made at most once a second per lane. */
+static char *lx__put(char *p, const char *s, size_t n) {
+  memcpy(p, s, n);
+  return p + n;
+}
+#define LX_PUT(p, lit) lx__put(p, lit, sizeof(lit) - 1)
+
+static char *lx__put_uint(char *p, uint64_t v) {
+  char tmp[20];
+  int i = 0;
+  do tmp[i++] = (char)('0' + v % 10);
+  while ((v /= 10));
+  while (i) *p++ = tmp[--i];
+  return p;
+}
+
+/* The Date header's value (29 characters), made at most once a second per
+ * lane. */
 static const char *lx__date(void) {
   static __thread time_t last;
   static __thread char buf[64];
@@ -797,21 +813,32 @@ static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
   char *buf = need <= sizeof(stack) ? stack : malloc(need);
   if (!buf) return -ENOMEM;
   size_t cap = need <= sizeof(stack) ? sizeof(stack) : need;
-  int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nDate: %s\r\n", res->status,
-                   lx__reason(res->status), lx__date());
-  if (chunked)
-    n += snprintf(buf + n, cap - (size_t)n, "Transfer-Encoding: chunked\r\n");
-  else if (len >= 0 && res->status != 204 && res->status != 304 &&
-           res->status >= 200)
-    n += snprintf(buf + n, cap - (size_t)n, "Content-Length: %lld\r\n", len);
+  (void)cap; /* `need` leaves room for the fixed lines below */
+  /* memcpy, not snprintf: this runs once per response */
+  char *p = buf;
+  p = LX_PUT(p, "HTTP/1.1 ");
+  p = lx__put_uint(p, (uint64_t)res->status);
+  *p++ = ' ';
+  const char *reason = lx__reason(res->status);
+  p = lx__put(p, reason, strlen(reason));
+  p = LX_PUT(p, "\r\nDate: ");
+  p = lx__put(p, lx__date(), 29);
+  p = LX_PUT(p, "\r\n");
+  if (chunked) {
+    p = LX_PUT(p, "Transfer-Encoding: chunked\r\n");
+  } else if (len >= 0 && res->status != 204 && res->status != 304 &&
+             res->status >= 200) {
+    p = LX_PUT(p, "Content-Length: ");
+    p = lx__put_uint(p, (uint64_t)len);
+    p = LX_PUT(p, "\r\n");
+  }
   if (!res->keep_alive)
-    n += snprintf(buf + n, cap - (size_t)n, "Connection: close\r\n");
+    p = LX_PUT(p, "Connection: close\r\n");
   else if (res->http10)
-    n += snprintf(buf + n, cap - (size_t)n, "Connection: keep-alive\r\n");
+    p = LX_PUT(p, "Connection: keep-alive\r\n");
   if (!res->has_type && len != 0)
-    n += snprintf(buf + n, cap - (size_t)n,
-                  "Content-Type: text/plain; charset=utf-8\r\n");
-  size_t at = (size_t)n;
+    p = LX_PUT(p, "Content-Type: text/plain; charset=utf-8\r\n");
+  size_t at = (size_t)(p - buf);
   if (res->hlen) memcpy(buf + at, res->headers, res->hlen);
   at += res->hlen;
   memcpy(buf + at, "\r\n", 2);
@@ -868,6 +895,8 @@ static int lx_res_send(lua_State *L) {
   return 1;
 }
 
+static const char lx_cjson_encode_key = 0;
+
 static int lx_res_json(lua_State *L) {
   lx_res_t *res = lx__res(L);
   luaL_checkany(L, 2);
@@ -877,10 +906,20 @@ static int lx_res_json(lua_State *L) {
     lua_pushvalue(L, 3);
     lua_call(L, 2, 0);
   }
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "cjson");
-  lua_call(L, 1, 1);
-  lua_getfield(L, -1, "encode");
+  /* cjson.encode, looked up once per lane */
+  lua_pushlightuserdata(L, (void *)&lx_cjson_encode_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "cjson");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "encode");
+    lua_remove(L, -2);
+    lua_pushlightuserdata(L, (void *)&lx_cjson_encode_key);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  }
   lua_pushvalue(L, 2);
   lua_call(L, 1, 1);
   if (!res->has_type && !res->started && !res->done)
