@@ -130,10 +130,14 @@ static const char *lx__date(void) {
   static __thread time_t last;
   static __thread char buf[64];
   time_t now = time(NULL);
-  if (now != last) {
+  if (now != last) { /* by hand: strftime's names follow the locale */
+    static const char days[] = "SunMonTueWedThuFriSat";
+    static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
     struct tm tm;
     gmtime_r(&now, &tm);
-    strftime(buf, sizeof(buf), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    snprintf(buf, sizeof(buf), "%.3s, %02d %.3s %04d %02d:%02d:%02d GMT",
+             days + 3 * tm.tm_wday, tm.tm_mday, months + 3 * tm.tm_mon,
+             tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
     last = now;
   }
   return buf;
@@ -424,7 +428,7 @@ static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
   const char *t = r->target;
   size_t tl = r->target_len;
   /* absolute-form: keep the path and query */
-  if (tl > 7 && (strncmp(t, "http://", 7) == 0 || strncmp(t, "https://", 8) == 0)) {
+  if (tl > 7 && (strncasecmp(t, "http://", 7) == 0 || strncasecmp(t, "https://", 8) == 0)) {
     const char *p = memchr(t + 8, '/', tl - 8);
     size_t skip = p ? (size_t)(p - t) : tl;
     t += skip;
