@@ -28,7 +28,7 @@ UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN     := $(OUT)/moonport
 
 .PHONY: all setup test test-unit test-spec test-asan test-tsan bench run clean \
-        fuzz fuzz-ci fuzz-build
+        fuzz fuzz-ci fuzz-build test-diff
 all: $(BIN)
 	@if [ "$(VARIANT)" = release ]; then ln -sf release/moonport build/moonport; fi
 
@@ -99,6 +99,15 @@ fuzz: setup fuzz-build
 
 fuzz-ci: setup fuzz-build
 	@FUZZ_SECONDS=20 bash scripts/run-fuzz
+
+# moonport's request parser against Debian's http_parser on every seed.
+build/fuzz/diff_http1: fuzz/diff_http1.c src/http/http1.c src/http/http1.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) -o $@ \
+	  $(filter %.c,$^) -lhttp_parser
+
+test-diff: setup build/fuzz/diff_http1
+	@build/fuzz/diff_http1 fuzz/corpus/http1
 
 clean:
 	rm -rf build
