@@ -360,7 +360,7 @@ static const known_t g_known[] = {
     {"request-line spaces", true, k_spaces,
      "RFC 9112 3: the request line's parts are separated by exactly one SP"},
     {"version", true, k_version,
-     "http1.h: only HTTP/1.0 and HTTP/1.1 are accepted, anything else is 505"},
+     "http1.h: only HTTP/1.0 and HTTP/1.1 (505 for others, 400 with no version)"},
     {"head limits", true, k_too_large,
      "http1.h: a head over max_head bytes or HTTP_MAX_HEADERS fields is 431"},
     {"equal Content-Lengths", false, k_same_cl,
