@@ -834,13 +834,13 @@ static int lx__static_root(lua_State *L, int idx) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
     luaL_error(L, "mp.http: public folder \"%s\": %s", dir,
-               lx_errmsg(-errno, buf, sizeof(buf)));
+               strerror_r(errno, buf, sizeof(buf)));
   int probe = lx__static_open(fd, ".", O_PATH);
   if (probe < 0) {
     close(fd);
     luaL_error(L, "mp.http: public folder \"%s\": openat2(2) fails (%s); "
                   "static files need Linux 5.6 or later",
-               dir, lx_errmsg(probe, buf, sizeof(buf)));
+               dir, strerror_r(-probe, buf, sizeof(buf)));
   }
   close(probe);
   lua_pop(L, 1);
