@@ -71,8 +71,8 @@ static int lx__fn_ref(lua_State *L, int idx, const char *name) {
   return luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
-  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+/* Raises on a bad websocket table; returns max_msg. */
+static size_t lx__ws_check(lua_State *L, int idx) {
   if (!lua_istable(L, idx))
     luaL_error(L, "mp.http: websocket must be a table of handlers (got %s)",
                luaL_typename(L, idx));
@@ -95,9 +95,19 @@ lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
     lua_pop(L, 1);
     if (bad) lx__fn_ref(L, idx, names[i]); /* raises */
   }
+  return (size_t)max;
+}
+
+void lx_ws_cfg_check(lua_State *L, int idx) {
+  lx__ws_check(L, idx < 0 ? lua_gettop(L) + idx + 1 : idx);
+}
+
+lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  size_t max = lx__ws_check(L, idx);
   lx_ws_cfg_t *cfg = malloc(sizeof(*cfg));
   if (!cfg) luaL_error(L, "out of memory");
-  cfg->max_msg = (size_t)max;
+  cfg->max_msg = max;
   cfg->on_open = lx__fn_ref(L, idx, "on_open");
   cfg->on_message = lx__fn_ref(L, idx, "on_message");
   cfg->on_ready = lx__fn_ref(L, idx, "on_ready");
