@@ -1250,6 +1250,125 @@ describe("mp.http", function()
     end)
   end)
 
+  describe("streamed request bodies (stream_body)", function()
+    local big = binary(3 * 1024 * 1024, 777)
+
+    it("req:read() hands over a large body in pieces (Content-Length and chunked), req.body is nil, keep-alive goes on", function()
+      local _, port = start { "stream_body=1", "max_body=67108864" }
+      local dir = H.tmpdir()
+      write_file(dir .. "/big.bin", big)
+      local base = ("http://127.0.0.1:%d"):format(port)
+      for _, chunked in ipairs { false, true } do
+        local args = { "-i", "--data-binary", "@" .. dir .. "/big.bin", base .. "/read?every=8&ms=1" }
+        if chunked then table.insert(args, 1, "Transfer-Encoding: chunked"); table.insert(args, 1, "-H") end
+        local st, out, err = curl(args)
+        assert.equal(0, st, err)
+        local srd = string_reader(out)
+        local r = assert(srd:response())
+        if r.status == 100 then r = assert(srd:response()) end -- curl sent Expect
+        assert.equal(200, r.status, out:sub(1, 300))
+        assert.is_true(r.body == big, "the body came back different (" .. #r.body .. " bytes)")
+        assert.is_true(tonumber(r.headers["x-chunks"]) > 1, r.headers["x-chunks"])
+        assert.equal("true", r.headers["x-body-nil"])
+      end
+      -- a body read whole leaves the connection for the next request
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, post("/read", "0123456789") .. get("/hello")
+        .. "POST /read HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        .. get("/hello")))
+      assert.equal("0123456789", response(rd).body)
+      assert.equal("hello world\n", response(rd).body)
+      assert.equal("abc", response(rd).body)
+      local last = response(rd)
+      assert.equal("hello world\n", last.body)
+      assert.is_nil(last.headers.connection)
+      -- no body: read() gives nil at once
+      assert.is_true(H.send(c, get("/read")))
+      local r = response(rd)
+      assert.equal("", r.body)
+      assert.equal("0", r.headers["x-chunks"])
+    end)
+
+    it("a handler that doesn't read the body answers with Connection: close; 100-continue goes out only when it reads", function()
+      local _, port = start { "stream_body=1" }
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, post("/noread", ("x"):rep(5000)) .. get("/hello")))
+      local r = response(rd)
+      assert.equal("not read", r.body)
+      assert.equal("close", r.headers.connection)
+      assert.is_true(rd:closes(H.T(5)), "the connection stays open")
+      -- Expect: 100-continue: /read asks for the body, /noread does not
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"))
+      r = response(rd, nil, "interim")
+      assert.equal(100, r.status)
+      assert.is_true(H.send(c, "hello"))
+      assert.equal("hello", response(rd).body)
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /noread HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"))
+      r = response(rd)
+      assert.equal(200, r.status)
+      assert.equal("not read", r.body)
+    end)
+
+    it("limits: a Content-Length over max_body is 413 before on_request; a chunked body that grows past it, a stalled body and a client that leaves end the read with an error", function()
+      local srv, port = start { "stream_body=1", "max_body=1000", "timeout=1" }
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n"))
+      assert.equal(413, response(rd).status)
+      -- chunked past max_body
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        .. "200\r\n" .. ("a"):rep(512) .. "\r\n200\r\n" .. ("b"):rep(512) .. "\r\n"))
+      local r = response(rd)
+      assert.equal(400, r.status)
+      assert.equal("error: too large", r.body)
+      assert.equal("close", r.headers.connection)
+      -- malformed chunked framing
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"))
+      assert.equal("error: malformed chunked body", response(rd).body)
+      -- stalled: 10 of 100 bytes, then nothing for longer than timeout (1 s)
+      c = H.connect(port)
+      rd = reader(c)
+      local t0 = H.now()
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789"))
+      r = response(rd, { timeout = H.T(10) })
+      assert.equal("error: timeout", r.body)
+      assert.is_true(H.now() - t0 >= 0.9, "timed out after " .. (H.now() - t0) .. " s")
+      -- the client leaves halfway: the waiting read gets "closed"
+      c = H.connect(port)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123"))
+      H.sleep(0.2)
+      c:close()
+      local stats
+      H.wait_for(function()
+        local st, out = curl { ("http://127.0.0.1:%d/read_stats"):format(port) }
+        if st ~= 0 then return false end
+        stats = cjson.decode(out)
+        return stats.closed == 1
+      end, H.T(5), "a read ended by the client leaving")
+      assert.equal(1, stats.timeout)
+      assert.equal(1, stats["too large"])
+      assert.equal(0, srv:stop())
+    end)
+
+    it("req:read() without stream_body raises (the body is in req.body)", function()
+      local srv, port = start()
+      local st, out = curl { "-i", "-d", "abc", ("http://127.0.0.1:%d/read"):format(port) }
+      assert.equal(0, st)
+      assert.truthy(out:find("^HTTP/1.1 500"), out)
+      H.wait_for(function() return srv:stderr():find("stream_body is off", 1, true) end, H.T(5), "the error in the log")
+    end)
+  end)
+
   describe("forms, peers and the access log", function()
     it("req.form joins the query and a urlencoded body (decoded, the body's last value wins); req:peer(), req.conn_id", function()
       local _, port = start()

@@ -33,7 +33,12 @@ typedef struct {
   int public_fd;   /* the public folder (static files), -1 if none */
   size_t max_header, max_body;
   uint32_t header_timeout_ms, idle_ms;
+  bool stream_body; /* on_request runs at the head; req:read() the body */
 } lx_http_cfg_t;
+
+/* Unread bytes of a streamed body past which reading from the client
+ * pauses until the handler reads. */
+#define LX_BODY_WINDOW (64 * 1024)
 
 /* ---- a connection ---- */
 
@@ -56,6 +61,18 @@ typedef struct {
                         then (header_timeout from its first byte) */
   lx_stream_t *stream; /* H_STREAM: what the connection became */
   sock_uuid_t uuid;
+  /* stream_body: the body of the request in flight, for req:read(). The
+   * head stays at in[0..head_len); unread body bytes follow it (decoded
+   * ones in `body` for a chunked body). */
+  bool streaming;
+  bool body_done;       /* all of it went to Lua */
+  const char *body_err; /* it broke ("too large", ...): no more reading,
+                           and the connection closes after the response */
+  bool reading;         /* req:read() waits, in `reader` */
+  bool paused;          /* over LX_BODY_WINDOW unread */
+  uint64_t body_left;   /* Content-Length bytes not yet read by Lua */
+  uint64_t body_seen;   /* decoded bytes so far (chunked) */
+  lx_run_t reader;
   /* For the access log: the response's status and body bytes, and when
    * the request was whole. */
   int log_status;
@@ -239,6 +256,10 @@ static void lx__hconn_free(lx_hconn_t *hc) {
 }
 
 static void lx__process(conn_t *c, lx_hconn_t *hc);
+static void lx__stream_start(conn_t *c, lx_hconn_t *hc);
+static void lx__body_more(conn_t *c, lx_hconn_t *hc);
+static void lx__reader_wake(conn_t *c, lx_hconn_t *hc);
+static bool lx__body_finished(const lx_hconn_t *hc);
 static void lx_http_on_data(conn_t *c, const char *data, size_t len);
 static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive);
 static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
@@ -306,17 +327,21 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
     hc->cap = cap;
     /* A parsed head waiting for its body points into the buffer: parse it
      * again where it is now (the same bytes: it succeeds as before). */
-    if (hc->state == H_BODY)
+    if (hc->state == H_BODY || (hc->state == H_BUSY && hc->streaming))
       http_parse_head(hc->in, hc->len, cfg->max_header, &hc->req);
   }
   memcpy(hc->in + hc->len, data, len);
   hc->len += len;
   if (hc->state == H_HEAD || hc->state == H_BODY) lx__process(c, hc);
+  else if (hc->state == H_BUSY && hc->streaming) lx__body_more(c, hc);
 }
 
 static void lx_http_on_timeout(conn_t *c) {
   lx_hconn_t *hc = reactor_conn_udata(c);
-  if (hc && hc->state == H_STREAM)
+  if (hc && hc->reading) {
+    hc->body_err = "timeout"; /* the body stopped coming */
+    lx__reader_wake(c, hc);
+  } else if (hc && hc->state == H_STREAM)
     lx_stream_timeout(c, hc->stream);
   else if (hc && hc->state != H_BUSY && hc->len > 0)
     lx__refuse(c, hc, 408); /* a request that comes too slowly */
@@ -340,6 +365,15 @@ static void lx_http_on_close(conn_t *c, int reason) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   lx_service_t *s = reactor_conn_service(c);
   lx_pubsub_conn_closed(s->ln, reactor_conn_uuid(c));
+  if (hc && hc->reading) {
+    hc->body_err = "closed";
+    if (s->ln->closing) {
+      hc->reading = false;
+      lx_run_abandon(s->ln, &hc->reader);
+    } else {
+      lx__reader_wake(c, hc);
+    }
+  }
   if (hc && hc->stream) {
     lx_stream_t *st = hc->stream;
     hc->stream = NULL;
@@ -380,7 +414,12 @@ static const char lx_req_mt_key = 0;
  * the body's name=value pairs; a repeated name keeps its last value) and
  * req:peer(). */
 static const char lx_req_mt_src[] =
-    "local peer, unescape, rawget, rawset = ...\n"
+    "local peer, unescape, rawget, rawset, read_now, read_wait = ...\n"
+    "local function read(req)\n"
+    "  local chunk, err = read_now(req)\n"
+    "  if chunk == false then return read_wait(req) end\n"
+    "  return chunk, err\n"
+    "end\n"
     "local function parse(s, into)\n"
     "  for pair in s:gmatch('[^&;]+') do\n"
     "    local k, v = pair:match('^([^=]*)=?(.*)$')\n"
@@ -389,6 +428,7 @@ static const char lx_req_mt_src[] =
     "end\n"
     "return { __index = function(req, k)\n"
     "  if k == 'peer' then return peer end\n"
+    "  if k == 'read' then return read end\n"
     "  if k ~= 'form' then return nil end\n"
     "  local f = {}\n"
     "  parse(rawget(req, 'query') or '', f)\n"
@@ -491,8 +531,10 @@ static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
     lua_rawset(L, -3);
   }
   lua_setfield(L, -2, "headers");
-  lua_pushlstring(L, body, blen);
-  lua_setfield(L, -2, "body");
+  if (body) { /* NULL: streamed, read with req:read() */
+    lua_pushlstring(L, body, blen);
+    lua_setfield(L, -2, "body");
+  }
   lua_pushnumber(L, (lua_Number)hc->uuid);
   lua_setfield(L, -2, "conn_id");
   lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
@@ -653,6 +695,10 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
       hc->body_len = 0;
       if (hc->req.chunked) http_chunked_init(&hc->chunk, cfg->max_header);
       hc->state = H_BODY;
+      if (cfg->stream_body) {
+        lx__stream_start(c, hc);
+        continue;
+      }
     }
     const char *body;
     size_t blen, used;
@@ -710,6 +756,13 @@ static void lx__next(conn_t *c, void *arg) {
 /* The response of the request in flight is complete. */
 static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive) {
   lx__access(c, hc, &hc->req, hc->log_status, hc->log_bytes);
+  if (hc->streaming) { /* what is left of its body can't be told from the
+                          next request without reading it: close */
+    if (!hc->body_done || hc->body_err) keep_alive = false;
+    hc->streaming = false;
+    if (hc->paused) reactor_conn_resume(c);
+    hc->paused = false;
+  }
   size_t used = hc->head_len;
   if (used > hc->len) used = hc->len;
   memmove(hc->in, hc->in + used, hc->len - used);
@@ -729,6 +782,182 @@ static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive) {
     reactor_conn_task(c, lx__next, NULL);
   else
     reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
+}
+
+/* ---- streamed request bodies (stream_body) ---- */
+
+/* Bytes of the body that came and Lua has not read. */
+static size_t lx__body_unread(const lx_hconn_t *hc) {
+  if (hc->req.chunked) return hc->body_len;
+  size_t have = hc->len - hc->head_len;
+  return (uint64_t)have < hc->body_left ? have : (size_t)hc->body_left;
+}
+
+/* Chunked: decodes what came (into hc->body) and drops its raw bytes. */
+static void lx__body_decode(lx_hconn_t *hc) {
+  if (!hc->req.chunked || hc->body_done || hc->body_err) return;
+  size_t before = hc->body_len;
+  bool done = false;
+  ssize_t n = http_chunked_feed(&hc->chunk, hc->in + hc->head_len,
+                                hc->len - hc->head_len, lx__body_add, hc, &done);
+  if (n < 0 || hc->body_len == SIZE_MAX) {
+    hc->body_err = n < 0 ? "malformed chunked body" : "out of memory";
+    hc->body_len = 0;
+    return;
+  }
+  hc->body_seen += hc->body_len - before;
+  if (hc->body_seen > lx__cfg(hc->svc)->max_body) {
+    hc->body_err = "too large";
+    hc->body_len = 0;
+    return;
+  }
+  memmove(hc->in + hc->head_len, hc->in + hc->head_len + n,
+          hc->len - hc->head_len - (size_t)n);
+  hc->len -= (size_t)n;
+  if (done) hc->body_done = true; /* once Lua has what is decoded */
+}
+
+/* Whether everything of the body is read (a chunked one: decoded to its
+ * end and handed over). */
+static bool lx__body_finished(const lx_hconn_t *hc) {
+  return hc->req.chunked ? hc->body_done && hc->body_len == 0
+                         : hc->body_left == 0;
+}
+
+/* Pushes what req:read() returns now: a chunk, nil at the end, or nil and
+ * an error; returns the count, or 0 when it must wait. */
+static int lx__body_take(lua_State *L, conn_t *c, lx_hconn_t *hc) {
+  if (hc->body_err) {
+    lua_pushnil(L);
+    lua_pushstring(L, hc->body_err);
+    return 2;
+  }
+  size_t n = lx__body_unread(hc);
+  if (n == 0) {
+    if (!lx__body_finished(hc)) return 0;
+    hc->body_done = true;
+    lua_pushnil(L);
+    return 1;
+  }
+  if (hc->req.chunked) {
+    lua_pushlstring(L, hc->body, n);
+    hc->body_len = 0;
+  } else {
+    lua_pushlstring(L, hc->in + hc->head_len, n);
+    memmove(hc->in + hc->head_len, hc->in + hc->head_len + n,
+            hc->len - hc->head_len - n);
+    hc->len -= n;
+    hc->body_left -= n;
+    if (!hc->body_left) hc->body_done = true;
+  }
+  if (hc->paused) {
+    hc->paused = false;
+    reactor_conn_resume(c);
+  }
+  return 1;
+}
+
+/* The head of a request with stream_body is in: on_request runs now. */
+static void lx__stream_start(conn_t *c, lx_hconn_t *hc) {
+  hc->streaming = true;
+  hc->body_err = NULL;
+  hc->reading = hc->paused = false;
+  hc->body_seen = 0;
+  hc->body_left = hc->req.content_length > 0 ? (uint64_t)hc->req.content_length : 0;
+  hc->body_done = !hc->req.chunked && hc->body_left == 0;
+  lx__body_decode(hc);
+  lx__dispatch(c, hc, NULL, 0);
+}
+
+/* More body bytes came while the handler runs or waits. */
+static void lx__body_more(conn_t *c, lx_hconn_t *hc) {
+  lx__body_decode(hc);
+  if (!hc->paused && lx__body_unread(hc) > LX_BODY_WINDOW) {
+    hc->paused = true;
+    reactor_conn_pause(c);
+  }
+  if (hc->reading &&
+      (hc->body_err || lx__body_unread(hc) || lx__body_finished(hc)))
+    lx__reader_wake(c, hc);
+}
+
+/* Resumes the waiting req:read() with what there is. */
+static void lx__reader_wake(conn_t *c, lx_hconn_t *hc) {
+  lx_lane_t *ln = hc->svc->ln;
+  hc->reading = false;
+  lx_run_t run = hc->reader;
+  reactor_conn_hold(c); /* the run's hold, given up while it waited */
+  reactor_conn_set_timeout(c, 0);
+  int n = lx__body_take(run.co, c, hc);
+  if (n == 0) { /* can't be: it was woken for something */
+    lua_pushnil(run.co);
+    lua_pushliteral(run.co, "closed");
+    n = 2;
+  }
+  lx_resume(ln, &run, n);
+}
+
+/* The connection whose streamed body a req:read() call may read (raises on
+ * misuse). */
+static conn_t *lx__reader_conn(lua_State *L, lx_lane_t *ln, lx_hconn_t **hcp) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "conn_id");
+  sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  conn_t *c = uuid ? reactor_conn_find(ln->r, uuid) : NULL;
+  lx_hconn_t *hc = c ? reactor_conn_udata(c) : NULL;
+  if (hc && hc->state == H_BUSY && !hc->streaming)
+    luaL_error(L, "req:read: the body was read already (mp.http stream_body "
+                  "is off: use req.body)");
+  if (hc && hc->reading) luaL_error(L, "req:read: another read is waiting");
+  *hcp = hc && hc->state == H_BUSY ? hc : NULL;
+  return *hcp ? c : NULL;
+}
+
+/* req:read() without waiting: a chunk, nil (end), nil + error, or false
+ * (nothing yet: then the Lua side waits). */
+static int lx_req_read_now(lua_State *L) {
+  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
+  lx_hconn_t *hc;
+  conn_t *c = lx__reader_conn(L, ln, &hc);
+  if (!c) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "closed");
+    return 2;
+  }
+  if (hc->req.expect_continue && !hc->continued && !hc->body_done) {
+    hc->continued = true; /* the handler wants the body: let it come */
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    reactor_conn_write(c, cont, sizeof(cont) - 1);
+  }
+  int n = lx__body_take(L, c, hc);
+  if (n) return n;
+  lua_pushboolean(L, 0);
+  return 1;
+}
+
+static int lx__read_check(lua_State *L) {
+  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
+  lx_check_waitable(L, ln, "req:read");
+  lx_hconn_t *hc;
+  if (!lx__reader_conn(L, ln, &hc))
+    luaL_error(L, "req:read: the request is over");
+  return 0;
+}
+
+static int lx__read_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
+  lx_hconn_t *hc;
+  lua_pushvalue(co, 3);
+  lua_replace(co, 1);
+  conn_t *c = lx__reader_conn(co, ln, &hc);
+  if (!c) return -EPIPE;
+  hc->reader = *run;
+  hc->reading = true;
+  /* While the handler waits for its body, the connection must keep
+   * reading: give up the run's hold (lx__reader_wake takes it back). */
+  reactor_conn_release(c);
+  reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
+  return 0;
 }
 
 /* ---- the response object ---- */
@@ -814,6 +1043,8 @@ static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
                           const char *body, bool *inlined) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   if (hc && !hc->keep_alive) res->keep_alive = false; /* shutting down */
+  if (hc && hc->streaming && (!lx__body_finished(hc) || hc->body_err))
+    res->keep_alive = false; /* the rest of the body is in the way */
   if (hc) {
     hc->log_status = res->status;
     hc->log_bytes = len > 0 && !res->head_only ? (uint64_t)len : 0;
@@ -1489,6 +1720,9 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
                luaL_typename(L, -2));
   if (has_ws) lx_ws_cfg_check(L, -1); /* raises now, while nothing is held */
   lua_pop(L, 3);
+  lua_getfield(L, idx, "stream_body");
+  bool stream_body = lua_toboolean(L, -1);
+  lua_pop(L, 1);
   lua_Number max_header = lx__opt(L, idx, "max_header", 8192, 256, 1 << 20);
   lua_Number max_body = lx__opt(L, idx, "max_body", 1 << 20, 0, (lua_Number)(1ull << 32));
   lua_Number header_timeout = lx__opt(L, idx, "header_timeout", 10, 0.01, 3600);
@@ -1532,6 +1766,7 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   cfg->max_body = (size_t)max_body;
   cfg->header_timeout_ms = (uint32_t)(header_timeout * 1000);
   cfg->idle_ms = (uint32_t)(idle * 1000);
+  cfg->stream_body = stream_body;
   cfg->public_fd = public_fd;
   lua_getfield(L, idx, "on_request");
   cfg->on_request = lua_isnil(L, -1) ? (lua_pop(L, 1), LUA_NOREF)
@@ -1573,7 +1808,10 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_pushcfunction(L, lx_req_unescape);
   lua_getglobal(L, "rawget");
   lua_getglobal(L, "rawset");
-  lua_call(L, 4, 1);
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx_req_read_now, 1);
+  lx_push_waiter(L, ln, lx__read_check, lx__read_arm);
+  lua_call(L, 6, 1);
   lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_http, 1);
