@@ -1382,6 +1382,8 @@ describe("mp.http", function()
       assert.is_true(r.port > 0 and r.port ~= port)
       assert.is_number(r.conn_id)
       assert.is_true(r.same)
+      assert.is_true(r.ua_any_case)   -- req.headers looks names up in any case
+      assert.is_true(r.no_header)
       -- a body of another type is not parsed
       st, out, err = curl { url, "-H", "Content-Type: text/plain", "-d", "c=3" }
       assert.equal(0, st, err)

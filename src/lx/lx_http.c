@@ -407,8 +407,17 @@ static void lx__body_add(const char *p, size_t n, void *arg) {
   }
 }
 
-/* Registry key (its address): the request tables' metatable. */
+/* Registry keys (their addresses): the metatables of request tables and
+ * of their headers (req.headers["Content-Type"] finds "content-type"). */
 static const char lx_req_mt_key = 0;
+static const char lx_headers_mt_key = 0;
+static const char lx_headers_mt_src[] =
+    "local rawget, type = rawget, type\n"
+    "return { __index = function(h, k)\n"
+    "  if type(k) ~= 'string' then return nil end\n"
+    "  local l = k:lower()\n"
+    "  if l ~= k then return rawget(h, l) end\n"
+    "end }\n";
 
 /* req.form (made on first use: the query's and, for a urlencoded body,
  * the body's name=value pairs; a repeated name keeps its last value) and
@@ -530,6 +539,9 @@ static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
     }
     lua_rawset(L, -3);
   }
+  lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_setmetatable(L, -2);
   lua_setfield(L, -2, "headers");
   if (body) { /* NULL: streamed, read with req:read() */
     lua_pushlstring(L, body, blen);
@@ -1796,6 +1808,12 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_pushlightuserdata(L, (void *)&lx_runner_key);
   if (luaL_loadbuffer(L, lx_runner_src, sizeof(lx_runner_src) - 1,
                       "=moonport.http"))
+    lua_error(L);
+  lua_call(L, 0, 1);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
+  if (luaL_loadbuffer(L, lx_headers_mt_src, sizeof(lx_headers_mt_src) - 1,
+                      "=moonport.headers"))
     lua_error(L);
   lua_call(L, 0, 1);
   lua_rawset(L, LUA_REGISTRYINDEX);
