@@ -25,6 +25,13 @@ end
 describe("timers", function()
   after_each(H.cleanup)
 
+  it("mp.every(ms, fn, times) without on_done runs times times and logs nothing", function()
+    local st, out, err = H.run({ H.fixture("every_count.lua") }, { env = { MOONPORT_WORKERS = "1" } })
+    assert.equal(0, st, err)
+    assert.equal("tick 1\ntick 2\n", out)
+    assert.equal("", err)
+  end)
+
   it("every/after/stop/defer/sleep run as documented", function()
     local srv = H.start("timers.lua", { wait_stdout = "finished\n", timeout = H.T(10) })
     H.sleep(0.3)                                -- would-be late ticks show up

@@ -20,6 +20,13 @@ local started = {}
 
 -- Starts ws_app.lua on a fresh port. `extra`: "key=value" arguments;
 -- sopts.workers: -w N.
+-- The server the test started last, and the connection ids its "open"
+-- lines named, in the order this test connected (its lanes print in any
+-- order, so the last line printed is not always the last connection).
+local current_srv
+local opened = {} -- path -> id of the last connection made to it
+local seen = {}   -- path -> how many of its open lines are taken
+
 local function start(extra, sopts)
   sopts = sopts or {}
   local port = H.free_port()
@@ -30,6 +37,7 @@ local function start(extra, sopts)
     options = sopts.workers and { "-w", sopts.workers } or nil,
   })
   started[#started + 1] = srv
+  current_srv, seen, opened = srv, {}, {}
   return srv, port
 end
 
@@ -249,7 +257,28 @@ local function ws_connect(port, path, o)
   assert(H.send(c, handshake(path, o) .. (o.extra or "")))
   local r, rest = read_head(c)
   assert.equal(101, r.status, r.head)
-  return setmetatable({ c = c, buf = rest, resp = r }, WS)
+  local ws = setmetatable({ c = c, buf = rest, resp = r }, WS)
+  if current_srv and not o.no_id then
+    -- this connection's on_open line: the next one for its path (each
+    -- connect waits for its line, so they come in the order of connects;
+    -- ids of two worker processes may be equal)
+    local p = path:match("^[^?]*")
+    local n = seen[p] or 0
+    H.wait_for(function()
+      local k = 0
+      for _, l in ipairs(current_srv:stdout_lines("^open ")) do
+        local id, lp = l:match("^open (%S+) (%S+)$")
+        if lp == p then
+          k = k + 1
+          if k == n + 1 then
+            seen[p], opened[p], ws.id = k, id, id
+            return true
+          end
+        end
+      end
+    end, H.T(5), "the open line of a connection to " .. p)
+  end
+  return ws
 end
 
 --- Reads "hello ..." sent by /sub and /subfn on_open.
@@ -283,14 +312,9 @@ local function publish(port, ch, msg)
   assert.equal("ok", body)
 end
 
--- Id of the last "open" line for `path` in the server's stdout.
+-- Id of the connection this test made last to `path`.
 local function last_open_id(srv, path)
-  local id
-  for _, l in ipairs(srv:stdout_lines("^open ")) do
-    local i, p = l:match("^open (%S+) (%S+)$")
-    if p == path then id = i end
-  end
-  return id
+  return opened[path]
 end
 
 -- Waits for the "close <id> ..." line; returns code, reason.
@@ -929,7 +953,8 @@ describe("WebSocket", function()
     end)
 
     it("a client that never reads is disconnected at max_queue; the others keep receiving", function()
-      local srv, port = start { "max_queue=65536" }
+      -- room for 16 messages: the fast client may lag a little
+      local srv, port = start { "max_queue=1048576" }
       local slow = ws_connect(port, "/sub?ch=flood", { connect = { rcvbuf = 4096 } })
       local fast = sub_client(port, "/sub?ch=flood")
       -- 10 MiB: more than the kernel's socket buffers hold (about 4 MiB)
@@ -946,8 +971,7 @@ describe("WebSocket", function()
       local data, how = H.read_to_eof(slow.c, H.T(5))
       assert.truthy(data, "slow client still connected: " .. tostring(how) .. "\n" .. srv:describe())
       assert.is_true(#data < n * size, "the slow client got every message")
-      local slow_id = srv:stdout_lines("^open ")[1]:match("^open (%S+)")
-      local code = wait_close_line(srv, slow_id)
+      local code = wait_close_line(srv, slow.id)
       assert.equal(1006, code)
       assert.is_true(srv:alive())
     end)

@@ -496,6 +496,10 @@ static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
   luaL_checktype(L, fn_idx, LUA_TFUNCTION);
   if (done_idx && !lua_isnoneornil(L, done_idx))
     luaL_checktype(L, done_idx, LUA_TFUNCTION);
+  else
+    done_idx = 0;
+  /* The userdata goes on top: an absent on_done's slot may be where it
+   * lands, so that slot was decided above. */
   lx_timer_t *t = lua_newuserdata(L, sizeof(*t));
   timer_init(&t->t);
   t->ln = ln;
@@ -515,7 +519,7 @@ static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
   t->linked = true;
   lua_pushvalue(L, fn_idx);
   t->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  if (done_idx && !lua_isnoneornil(L, done_idx)) {
+  if (done_idx) {
     lua_pushvalue(L, done_idx);
     t->done_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   }

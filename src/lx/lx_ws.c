@@ -220,7 +220,10 @@ static void lx__ws_fail(conn_t *c, lx_stream_t *st, int code) {
   st->reason_len = strlen(r);
   memcpy(st->reason, r, st->reason_len);
   st->close_got = true; /* read nothing more */
-  reactor_conn_close(c, CONN_ERROR);
+  /* CONN_LOCAL, not CONN_ERROR: a local close lingers (shuts down writing
+   * and drains the input), so the close frame isn't lost to a reset when
+   * the client is still sending. */
+  reactor_conn_close(c, CONN_LOCAL);
 }
 
 /* Runs on_message; returns whether it is suspended. */
