@@ -1,0 +1,53 @@
+-- A browser chat over WebSocket, across worker processes:
+--   moonport -w 2 examples/chat/app.lua [port]      (port: 3000)
+-- then open http://127.0.0.1:3000/ in two browser tabs.
+--
+-- Every socket subscribes to the channel "chat" with no Lua callback, so a
+-- message published there goes to each client as a frame straight from C;
+-- mp.publish reaches the subscribers of every worker process.
+local mp = require "moonport"
+local cjson = require "cjson"
+
+-- The folder of this script, so the page is found from any directory.
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+
+local files = {
+  ["/"] = { "index.html", "text/html; charset=utf-8" },
+  ["/chat.js"] = { "chat.js", "text/javascript; charset=utf-8" },
+  ["/chat.css"] = { "chat.css", "text/css; charset=utf-8" },
+}
+
+-- A chat line from a client, as JSON { name, text }; nil if it isn't one.
+local function parse(data)
+  local ok, msg = pcall(cjson.decode, data)
+  if not ok or type(msg) ~= "table" then return nil end
+  local name, text = msg.name, msg.text
+  if type(name) ~= "string" or type(text) ~= "string" then return nil end
+  name = name:gsub("%s+", " "):match("^%s*(.-)%s*$")
+  text = text:match("^%s*(.-)%s*$")
+  if text == "" or #text > 2000 then return nil end
+  if name == "" then name = "anonymous" end
+  return { name = name:sub(1, 40), text = text, at = os.time() }
+end
+
+mp.http {
+  port = tonumber(mp.args[1]) or 3000,
+  on_request = function(req, res)
+    local f = files[req.path]
+    if not f then return res:status(404):send("not found\n") end
+    res:header("Content-Type", f[2]):header("Cache-Control", "no-cache")
+    res:sendfile(here .. f[1])
+  end,
+  websocket = {
+    max_msg = 8192,
+    on_open = function(ws, req)
+      if req.path ~= "/ws" then return ws:close(1008, "the chat is at /ws") end
+      ws:subscribe("chat")
+    end,
+    on_message = function(ws, data, is_text)
+      local msg = is_text and parse(data)
+      if not msg then return ws:close(1003, "send JSON { name, text }") end
+      mp.publish("chat", cjson.encode(msg))
+    end,
+  },
+}
