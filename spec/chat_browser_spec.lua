@@ -87,7 +87,8 @@ describe("examples/chat:", function()
     H.start("ws_app.lua", { args = { sse_port }, wait_port = sse_port })
 
     local go = H.tmpdir() .. "/go"
-    local p = H.spawn({ JS.node, JS.dir .. "/chat_browser.js", tostring(port), go, tostring(sse_port) })
+    local p = H.spawn({ JS.node, JS.dir .. "/chat_browser.js", tostring(port), go, tostring(sse_port) },
+    { env = JS.env })
     p.sanitizer_checked = true
     local function rows()
       local t = {}

@@ -16,6 +16,10 @@ local JS = {}
 JS.node = "/usr/bin/node"
 JS.dir = H.root .. "/spec/node"
 
+-- The scripts' environment: SPEC_SCALE stretches their deadlines as H.T
+-- does the specs'.
+JS.env = { SPEC_SCALE = H.scale }
+
 --- Why the scripts can't run here, or nil.
 function JS.missing()
   if not H.exists(JS.node) then return "no " .. JS.node .. " (scripts/setup installs nodejs)" end
@@ -33,7 +37,7 @@ end
 function JS.exec(script, args, timeout)
   local argv = { JS.node, JS.dir .. "/" .. script }
   for _, a in ipairs(args or {}) do argv[#argv + 1] = tostring(a) end
-  local p = H.spawn(argv, { env = { NODE_PATH = JS.dir .. "/node_modules" } })
+  local p = H.spawn(argv, { env = JS.env })
   p.sanitizer_checked = true
   local st = p:wait_exit(H.T(timeout or 20))
   if not st then

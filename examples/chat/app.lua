@@ -32,6 +32,7 @@ end
 
 mp.http {
   port = tonumber(mp.args[1]) or 3000,
+  address = "127.0.0.1",
   on_request = function(req, res)
     local f = files[req.path]
     if not f then return res:status(404):send("not found\n") end
