@@ -77,6 +77,20 @@ describe("examples/chat:", function()
     assert.equal(404, (get(port, "/app.lua")))
   end)
 
+  it("closes a socket that sends something other than a chat line (1003), or that opened elsewhere than /ws (1008)", function()
+    local why = JS.missing()
+    assert(not why, why)
+    local srv, port = start_chat()
+    for _, bad in ipairs { "not json", "[1,2]", '{"name":"x"}', '{"name":"x","text":"   "}',
+        ('{"name":"x","text":"%s"}'):format(("y"):rep(2001)) } do
+      local r = JS.run("ws_cases.js", { port, "send_close", "/ws", bad }, 15, srv)[1]
+      assert.equal(1003, r.code, bad:sub(1, 40))
+    end
+    local r = JS.run("ws_cases.js", { port, "send_close", "/elsewhere", "-" }, 15, srv)[1]
+    assert.equal(1008, r.code)
+    assert.equal("the chat is at /ws", r.reason)
+  end)
+
   it("two Chromium pages chat both ways through -w 2, and again after every worker was killed", function()
     local why = JS.missing()
     assert(not why, why)

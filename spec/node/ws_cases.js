@@ -377,6 +377,16 @@ cases.flood = async () => {
   c.ws.close();
 };
 
+// Opens PATH, sends DATA (text) unless it is "-", and reports how the
+// server closes (or what it answered instead of closing).
+cases.send_close = async () => {
+  const [path, data] = args;
+  const c = await open(path);
+  if (data !== '-') await c.send(data, false).catch(() => {});
+  const info = await withTimeout(c.closed, 5000, 'the close');
+  out({ code: info.code, reason: info.reason, messages: c.messages.map((m) => m.data.toString()) });
+};
+
 (async () => {
   const fn = cases[which];
   if (!fn) throw new Error(`no case ${which}`);
