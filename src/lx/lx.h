@@ -197,9 +197,10 @@ void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
              lx_timer_t *timer, const char *what);
 /* Pushes the function at registry `ref` onto a fresh pooled coroutine and
  * returns it, for callers that push arguments straight onto it (the hot
- * path). Then lx_call_on(ln, co, ref, nargs, ...). */
+ * path). Then lx_call_on(ln, co, ref, nargs, ...), which returns whether
+ * the callback is suspended (waiting) rather than done or failed. */
 lua_State *lx_co_take(lx_lane_t *ln, int *co_ref);
-void lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
+bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what);
 /* Drops a suspended callback for good: releases what it held. */
 void lx_run_abandon(lx_lane_t *ln, lx_run_t *run);
@@ -236,6 +237,22 @@ typedef struct lx_service {
   struct lx_service *prev, *next;
 } lx_service_t;
 
+/* Makes metatable `name` (left on the stack) for userdata objects whose
+ * methods are C closures with upvalues (the lane, the metatable), and
+ * whose `env` field is a table made on first use. */
+void lx_meta_env(lua_State *L, lx_lane_t *ln, const char *name,
+                 const luaL_Reg *methods);
+/* Pushes a new userdata of `size` bytes with metatable `name` (made by
+ * lx_meta_env) and returns it. */
+void *lx_new_env_ud(lua_State *L, size_t size, const char *name);
+/* In a method made by lx_meta_env: argument 1 as that object, or raises. */
+void *lx_check_self(lua_State *L, const char *name);
+/* Pushes c's peer: ip, port (Unix sockets: "unix", path), or nil for
+ * NULL or an unknown peer. Returns the count pushed. */
+int lx_push_peer(lua_State *L, conn_t *c);
+/* A write's release callback for a Lua string kept alive while queued:
+ * ctx is the lane, ctx2 the registry ref to drop. */
+void lx_unref_release(void *ctx, void *ctx2);
 /* Registers the connection metatable in L. */
 void lx_conn_open(lua_State *L, lx_lane_t *ln);
 /* Reads the on_* handlers and options of table at `idx` into a new
@@ -256,11 +273,25 @@ void lx_conn_push_closed(lua_State *L, lx_lane_t *ln);
 
 /* ---- lx_pubsub.c ---- */
 
+/* One message on its way to the subscribers of a lane that forward it
+ * from C (a WebSocket's or an SSE stream's subscribe without a function):
+ * what they share, made by the first that needs it. */
+typedef struct {
+  pubsub_msg_t *m;
+  int text;     /* the body is UTF-8: 1, 0, or -1 not known yet */
+  char *frame;  /* malloc'ed: the message as the first forwarder framed it */
+  size_t frame_len;
+  int frame_kind; /* which forwarder made `frame` */
+} lx_fwd_ctx_t;
+/* Sends the message in ctx to connection c (open, of this lane). */
+typedef void (*lx_forward_fn)(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *ctx);
+
 /* Adds subscribe and publish to the module table at the top of L. */
 void lx_pubsub_open(lua_State *L, lx_lane_t *ln);
 /* subscribe(channel, fn [, opts]) with arguments from stack index `base`,
  * owned by connection uuid (0: none); pushes the subscription. */
-int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid);
+int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
+                 lx_forward_fn fwd);
 /* Cancels the subscriptions of a connection that closed. */
 void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid);
 /* Cancels every subscription of a lane (it is retired). */
@@ -334,6 +365,42 @@ int lx_listen_with(lua_State *L, lx_lane_t *ln,
 
 /* Adds mp.http to the module table at the top of L. */
 void lx_http_open(lua_State *L, lx_lane_t *ln);
+
+/* The stream (WebSocket or SSE) connection c became, or NULL. */
+typedef struct lx_stream lx_stream_t;
+lx_stream_t *lx_http_stream(conn_t *c);
+
+/* ---- lx_ws.c: WebSocket and SSE streams ---- */
+
+typedef struct lx_ws_cfg lx_ws_cfg_t;
+/* mp.http's `websocket` table at idx: handlers and max_msg (raises on
+ * bad values). Freed by lx_ws_cfg_free. */
+lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx);
+void lx_ws_cfg_free(lua_State *L, lx_ws_cfg_t *cfg);
+/* Registers the websocket and sse metatables in L. */
+void lx_ws_open(lua_State *L, lx_lane_t *ln);
+/* A WebSocket on c, whose 101 answer is sent (NULL: out of memory). The
+ * caller makes lx_http_stream(c) return it, then calls lx_ws_begin:
+ * on_open with the request push_req pushes, then the bytes that came
+ * after the request. */
+lx_stream_t *lx_ws_new(lx_lane_t *ln, conn_t *c, const lx_ws_cfg_t *cfg);
+void lx_ws_begin(conn_t *c, lx_stream_t *st,
+                 bool (*push_req)(lua_State *L, void *arg), void *arg,
+                 const char *rest, size_t rest_len);
+/* An SSE stream on c, whose head is sent; handlers from the table at
+ * `opts` of L (0: none); last_id: the Last-Event-ID the client sent, or
+ * NULL. Then lx_sse_begin (on_open runs as c's next callback). */
+lx_stream_t *lx_sse_new(lua_State *L, lx_lane_t *ln, conn_t *c, int opts,
+                        const char *last_id, size_t last_len);
+void lx_sse_begin(conn_t *c, lx_stream_t *st);
+/* Pushes the stream's Lua object. */
+void lx_stream_push(lua_State *L, lx_stream_t *st);
+/* Connection events of a stream; lx_stream_closed frees it. */
+void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len);
+void lx_stream_ready(conn_t *c, lx_stream_t *st);
+void lx_stream_timeout(conn_t *c, lx_stream_t *st);
+void lx_stream_shutdown(conn_t *c, lx_stream_t *st);
+void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason);
 
 /* The `moonport` module loader (package.preload). */
 int luaopen_moonport(lua_State *L);

@@ -38,8 +38,8 @@ static const char lx_index_src[] =
     "end\n"
     "local function newindex(self, k, v)\n"
     "  if k == 'env' and type(v) == 'table' then setfenv(self, v) return end\n"
-    "  error(\"a connection has no field '\" .. tostring(k) ..\n"
-    "        \"' to set (keep state in conn.env)\", 2)\n"
+    "  error(tostring(self) .. \" has no field '\" .. tostring(k) ..\n"
+    "        \"' to set (keep state in its .env table)\", 2)\n"
     "end\n"
     "return index, newindex\n";
 
@@ -50,15 +50,19 @@ static lx_lane_t *lx__ln(lua_State *L) {
 /* luaL_checkudata looks the metatable up by name in the registry on every
  * call; methods carry it as upvalue 2 instead (every method call goes
  * through here, conn:write included). */
-static lx_conn_ud_t *lx__check(lua_State *L) {
+void *lx_check_self(lua_State *L, const char *name) {
   void *ud = lua_touserdata(L, 1);
   if (ud && lua_getmetatable(L, 1)) {
     int same = lua_rawequal(L, -1, lua_upvalueindex(2));
     lua_pop(L, 1);
     if (same) return ud;
   }
-  luaL_typerror(L, 1, LX_CONN_MT);
+  luaL_typerror(L, 1, name);
   return NULL;
+}
+
+static lx_conn_ud_t *lx__check(lua_State *L) {
+  return lx_check_self(L, LX_CONN_MT);
 }
 
 /* The live connection behind argument 1, or NULL once it closed. */
@@ -69,14 +73,19 @@ static conn_t *lx__conn(lua_State *L, lx_lane_t *ln) {
 
 static int lx__ref_of(conn_t *c) { return (int)(intptr_t)reactor_conn_udata(c); }
 
-static void lx__new_ud(lua_State *L, sock_uuid_t uuid) {
-  lx_conn_ud_t *ud = lua_newuserdata(L, sizeof(*ud));
-  ud->uuid = uuid;
-  luaL_getmetatable(L, LX_CONN_MT);
+void *lx_new_env_ud(lua_State *L, size_t size, const char *name) {
+  void *ud = lua_newuserdata(L, size);
+  luaL_getmetatable(L, name);
   lua_setmetatable(L, -2);
   lua_pushlightuserdata(L, (void *)&lx_noenv_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
   lua_setfenv(L, -2);
+  return ud;
+}
+
+static void lx__new_ud(lua_State *L, sock_uuid_t uuid) {
+  lx_conn_ud_t *ud = lx_new_env_ud(L, sizeof(*ud), LX_CONN_MT);
+  ud->uuid = uuid;
 }
 
 void lx_conn_push(lua_State *L, lx_lane_t *ln, conn_t *c) {
@@ -94,7 +103,7 @@ void lx_conn_push_closed(lua_State *L, lx_lane_t *ln) { lx__new_ud(L, 0); }
 
 /* ---- methods ---- */
 
-static void lx__unref_string(void *ctx, void *ctx2) {
+void lx_unref_release(void *ctx, void *ctx2) {
   lx_lane_t *ln = ctx;
   luaL_unref(ln->L, LUA_REGISTRYINDEX, (int)(intptr_t)ctx2);
 }
@@ -109,7 +118,7 @@ static int lx_conn_write(lua_State *L) {
   if (len >= LX_ZERO_COPY_MIN) {
     lua_pushvalue(L, 2);
     int ref = luaL_ref(L, LUA_REGISTRYINDEX); /* released when sent */
-    rc = reactor_conn_write_ref(c, p, len, lx__unref_string, ln,
+    rc = reactor_conn_write_ref(c, p, len, lx_unref_release, ln,
                                 (void *)(intptr_t)ref);
   } else {
     rc = reactor_conn_write(c, p, len);
@@ -168,8 +177,7 @@ static int lx_conn_resume(lua_State *L) {
   return 0;
 }
 
-static int lx_conn_peer(lua_State *L) {
-  conn_t *c = lx__conn(L, lx__ln(L));
+int lx_push_peer(lua_State *L, conn_t *c) {
   char ip[128];
   int port;
   if (!c || sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port)) {
@@ -185,6 +193,10 @@ static int lx_conn_peer(lua_State *L) {
     lua_pushinteger(L, port);
   }
   return 2;
+}
+
+static int lx_conn_peer(lua_State *L) {
+  return lx_push_peer(L, lx__conn(L, lx__ln(L)));
 }
 
 static int lx_conn_id(lua_State *L) {
@@ -222,7 +234,7 @@ static int lx_conn_subscribe(lua_State *L) {
   lx_lane_t *ln = lx__ln(L);
   conn_t *c = lx__conn(L, ln);
   if (!c) return lx_push_fail(L, -EPIPE);
-  return lx_subscribe(L, ln, 2, reactor_conn_uuid(c));
+  return lx_subscribe(L, ln, 2, reactor_conn_uuid(c), NULL);
 }
 
 static int lx_conn_tostring(lua_State *L) {
@@ -239,19 +251,25 @@ static const luaL_Reg lx_conn_methods[] = {
     {"pending", lx_conn_pending}, {"timeout", lx_conn_timeout},
     {"subscribe", lx_conn_subscribe}, {NULL, NULL}};
 
-void lx_conn_open(lua_State *L, lx_lane_t *ln) {
+void lx_meta_env(lua_State *L, lx_lane_t *ln, const char *name,
+                 const luaL_Reg *methods) {
   lua_pushlightuserdata(L, (void *)&lx_noenv_key);
-  lua_newtable(L);
-  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (lua_isnil(L, -1)) {
+    lua_pushlightuserdata(L, (void *)&lx_noenv_key);
+    lua_newtable(L);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  }
+  lua_pop(L, 1);
 
-  luaL_newmetatable(L, LX_CONN_MT);
+  luaL_newmetatable(L, name);
   if (luaL_loadbuffer(L, lx_index_src, sizeof(lx_index_src) - 1,
-                      "=moonport.conn"))
+                      "=moonport.object"))
     lua_error(L);
   lua_newtable(L);
   lua_pushlightuserdata(L, ln);
   lua_pushvalue(L, -4); /* the metatable */
-  luaL_setfuncs(L, lx_conn_methods, 2);
+  luaL_setfuncs(L, methods, 2);
   lua_pushlightuserdata(L, (void *)&lx_noenv_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
   lua_getglobal(L, "debug");
@@ -261,10 +279,14 @@ void lx_conn_open(lua_State *L, lx_lane_t *ln) {
   lua_call(L, 4, 2);
   lua_setfield(L, -3, "__newindex");
   lua_setfield(L, -2, "__index");
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__metatable");
+}
+
+void lx_conn_open(lua_State *L, lx_lane_t *ln) {
+  lx_meta_env(L, ln, LX_CONN_MT, lx_conn_methods);
   lua_pushcfunction(L, lx_conn_tostring);
   lua_setfield(L, -2, "__tostring");
-  lua_pushliteral(L, "moonport.conn");
-  lua_setfield(L, -2, "__metatable");
   lua_pop(L, 1);
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/log.h"
 #include "http/http1.h"
+#include "http/ws.h"
 #include "lx/lx.h"
 
 #define LX_RES_MT "moonport.http.response"
@@ -22,14 +23,15 @@
 /* ---- settings of one mp.http ---- */
 
 typedef struct {
-  int on_request; /* registry ref */
+  int on_request; /* registry ref, or LUA_NOREF: 404 */
+  lx_ws_cfg_t *ws; /* websocket handlers, or NULL */
   size_t max_header, max_body;
   uint32_t header_timeout_ms, idle_ms;
 } lx_http_cfg_t;
 
 /* ---- a connection ---- */
 
-enum { H_HEAD, H_BODY, H_BUSY, H_CLOSING };
+enum { H_HEAD, H_BODY, H_BUSY, H_CLOSING, H_STREAM /* WebSocket or SSE */ };
 
 typedef struct {
   lx_service_t *svc;
@@ -46,6 +48,7 @@ typedef struct {
   bool keep_alive;   /* of the request in flight */
   uint64_t deadline; /* the request that is arriving must be whole by
                         then (header_timeout from its first byte) */
+  lx_stream_t *stream; /* H_STREAM: what the connection became */
 } lx_hconn_t;
 
 /* The response object of one request. */
@@ -136,6 +139,10 @@ static void lx__hconn_free(lx_hconn_t *hc) {
 }
 
 static void lx__process(conn_t *c, lx_hconn_t *hc);
+static void lx_http_on_data(conn_t *c, const char *data, size_t len);
+static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive);
+static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
+                          const char *body, bool *inlined);
 
 /* The idle timer, used as the arriving request's deadline. */
 static void lx__until_deadline(conn_t *c, lx_hconn_t *hc) {
@@ -156,9 +163,20 @@ static void lx_http_on_open(conn_t *c) {
   reactor_conn_set_timeout(c, lx__cfg(s)->header_timeout_ms);
 }
 
+lx_stream_t *lx_http_stream(conn_t *c) {
+  lx_service_t *s = reactor_conn_service(c);
+  if (!s || s->proto.on_data != lx_http_on_data) return NULL;
+  lx_hconn_t *hc = reactor_conn_udata(c);
+  return hc && hc->state == H_STREAM ? hc->stream : NULL;
+}
+
 static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   if (!hc || hc->state == H_CLOSING) return;
+  if (hc->state == H_STREAM) {
+    lx_stream_data(c, hc->stream, data, len);
+    return;
+  }
   lx_http_cfg_t *cfg = lx__cfg(hc->svc);
   /* What one request may take in the buffer: its head and its body (a
    * chunked body's framing counts, up to a head's worth). */
@@ -196,21 +214,36 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
 
 static void lx_http_on_timeout(conn_t *c) {
   lx_hconn_t *hc = reactor_conn_udata(c);
-  if (hc && hc->state != H_BUSY && hc->len > 0)
+  if (hc && hc->state == H_STREAM)
+    lx_stream_timeout(c, hc->stream);
+  else if (hc && hc->state != H_BUSY && hc->len > 0)
     lx__refuse(c, hc, 408); /* a request that comes too slowly */
   else
     reactor_conn_close(c, CONN_TIMEOUT);
 }
 
+static void lx_http_on_ready(conn_t *c) {
+  lx_hconn_t *hc = reactor_conn_udata(c);
+  if (hc && hc->state == H_STREAM) lx_stream_ready(c, hc->stream);
+}
+
 static void lx_http_on_shutdown(conn_t *c) {
   lx_hconn_t *hc = reactor_conn_udata(c);
-  if (!hc || hc->state != H_BUSY) reactor_conn_close(c, CONN_SHUTDOWN);
+  if (hc && hc->state == H_STREAM) lx_stream_shutdown(c, hc->stream);
+  else if (!hc || hc->state != H_BUSY) reactor_conn_close(c, CONN_SHUTDOWN);
   else hc->keep_alive = false; /* close after the response in flight */
 }
 
 static void lx_http_on_close(conn_t *c, int reason) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   lx_service_t *s = reactor_conn_service(c);
+  lx_pubsub_conn_closed(s->ln, reactor_conn_uuid(c));
+  if (hc && hc->stream) {
+    lx_stream_t *st = hc->stream;
+    hc->stream = NULL;
+    hc->state = H_CLOSING;
+    lx_stream_closed(c, st, reason);
+  }
   reactor_conn_set_udata(c, NULL);
   lx__hconn_free(hc);
   s->conns--;
@@ -332,11 +365,82 @@ static const char lx_runner_src[] =
     "  if ok then res:_done() else res:_fail(err) end\n"
     "end\n";
 
+static bool lx__push_upgrade_req(lua_State *L, void *arg) {
+  return lx__push_req(L, arg, "", 0);
+}
+
+/* A WebSocket handshake (RFC 6455 4.2): answers 101 and hands the
+ * connection to lx_ws, or refuses. */
+static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
+  http_request_t *r = &hc->req;
+  const http_header_t *ver = http_header(r, "sec-websocket-version");
+  const http_header_t *key = http_header(r, "sec-websocket-key");
+  if (r->method_len != 3 || memcmp(r->method, "GET", 3) != 0 || r->minor != 1 ||
+      !key || key->value_len != 24) {
+    lx__refuse(c, hc, 400);
+    return;
+  }
+  if (!ver || ver->value_len != 2 || memcmp(ver->value, "13", 2) != 0) {
+    static const char resp[] =
+        "HTTP/1.1 426 Upgrade Required\r\nSec-WebSocket-Version: 13\r\n"
+        "Content-Length: 0\r\nConnection: close\r\n\r\n";
+    reactor_conn_write(c, resp, sizeof(resp) - 1);
+    hc->state = H_CLOSING;
+    reactor_conn_close(c, CONN_LOCAL);
+    return;
+  }
+  lx_stream_t *st = lx_ws_new(hc->svc->ln, c, lx__cfg(hc->svc)->ws);
+  if (!st) {
+    lx__refuse(c, hc, 500);
+    return;
+  }
+  char accept[29];
+  ws_accept_key(key->value, key->value_len, accept);
+  char resp[160];
+  int n = snprintf(resp, sizeof(resp),
+                   "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                   "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+                   accept);
+  reactor_conn_write(c, resp, (size_t)n);
+  hc->state = H_STREAM;
+  hc->stream = st;
+  reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
+  size_t used = hc->head_len < hc->len ? hc->head_len : hc->len;
+  lx_ws_begin(c, st, lx__push_upgrade_req, hc, hc->in + used, hc->len - used);
+  /* The request's bytes are not needed any more. */
+  free(hc->in);
+  hc->in = NULL;
+  hc->len = hc->cap = hc->head_len = 0;
+}
+
+static bool lx__is_upgrade(const http_request_t *r) {
+  if (!r->upgrade) return false;
+  const http_header_t *u = http_header(r, "upgrade");
+  return u && http_list_has(u->value, u->value_len, "websocket");
+}
+
 /* The request in hand is whole: run on_request. */
 static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
                          size_t blen) {
   lx_service_t *s = hc->svc;
   lx_lane_t *ln = s->ln;
+  lx_http_cfg_t *cfg = lx__cfg(s);
+  if (cfg->ws && lx__is_upgrade(&hc->req)) {
+    lx__upgrade(c, hc);
+    return;
+  }
+  if (cfg->on_request == LUA_NOREF) {
+    static const char nf[] = "Not Found\n";
+    lx_res_t res = {.status = 404, .keep_alive = hc->keep_alive,
+                    .http10 = hc->req.minor == 0,
+                    .head_only = hc->req.method_len == 4 &&
+                                 memcmp(hc->req.method, "HEAD", 4) == 0};
+    bool inlined;
+    hc->state = H_BUSY;
+    lx__write_head(c, &res, (long long)sizeof(nf) - 1, nf, &inlined);
+    lx__complete(c, hc, res.keep_alive && hc->keep_alive);
+    return;
+  }
   int co_ref;
   lua_State *co = lx_co_take(ln, &co_ref);
   lua_pushlightuserdata(co, (void *)&lx_runner_key);
@@ -579,18 +683,13 @@ static int lx__write_head(conn_t *c, lx_res_t *res, long long len,
   return rc;
 }
 
-static void lx__unref_string(void *ctx, void *ctx2) {
-  lx_lane_t *ln = ctx;
-  luaL_unref(ln->L, LUA_REGISTRYINDEX, (int)(intptr_t)ctx2);
-}
-
 /* Writes the Lua string at idx. */
 static int lx__write_body(lua_State *L, lx_res_t *res, conn_t *c, int idx,
                           const char *p, size_t n) {
   if (n >= LX_HTTP_ZERO_COPY_MIN) {
     lua_pushvalue(L, idx);
     int ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    return reactor_conn_write_ref(c, p, n, lx__unref_string, res->ln,
+    return reactor_conn_write_ref(c, p, n, lx_unref_release, res->ln,
                                   (void *)(intptr_t)ref);
   }
   return reactor_conn_write(c, p, n);
@@ -740,6 +839,56 @@ static int lx_res_sendfile(lua_State *L) {
   return 1;
 }
 
+/* res:sse([handlers]): the response becomes a stream of Server-Sent
+ * Events; returns its object. */
+static int lx_res_sse(lua_State *L) {
+  lx_res_t *res = lx__res(L);
+  int opts = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    opts = 2;
+    static const char *const names[] = {"on_open", "on_close"};
+    for (int i = 0; i < 2; i++) {
+      lua_getfield(L, 2, names[i]);
+      if (!lua_isnil(L, -1) && !lua_isfunction(L, -1))
+        return luaL_error(L, "res:sse: %s must be a function", names[i]);
+      lua_pop(L, 1);
+    }
+  }
+  if (res->done || res->started)
+    return luaL_error(L, "res:sse: the response is already sent");
+  lx_hconn_t *hc;
+  conn_t *c = lx__res_conn(res, &hc);
+  if (!c) {
+    res->done = true;
+    return lx_push_fail(L, -EPIPE);
+  }
+  const http_header_t *last = http_header(&hc->req, "last-event-id");
+  lx_stream_t *st = lx_sse_new(L, res->ln, c, opts, last ? last->value : NULL,
+                               last ? last->value_len : 0);
+  if (!st) return luaL_error(L, "out of memory");
+  char head[256];
+  int n = snprintf(head, sizeof(head),
+                   "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: text/event-stream\r\n"
+                   "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n",
+                   res->status, lx__reason(res->status), lx__date());
+  int rc = reactor_conn_write(c, head, (size_t)n);
+  if (!rc && res->hlen) rc = reactor_conn_write(c, res->headers, res->hlen);
+  if (!rc) rc = reactor_conn_write(c, "\r\n", 2);
+  res->done = true;
+  free(res->headers);
+  res->headers = NULL;
+  res->hlen = res->hcap = 0;
+  /* The stream ends with the connection: nothing more is read as HTTP. */
+  hc->state = H_STREAM;
+  hc->stream = st;
+  reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
+  lx_sse_begin(c, st);
+  lx_stream_push(L, st);
+  if (rc) reactor_conn_close(c, CONN_ERROR);
+  return 1;
+}
+
 /* After the handler returned: a response it did not finish is finished
  * now (an empty one with its status if it sent nothing). */
 static int lx_res_done(lua_State *L) {
@@ -783,6 +932,7 @@ static const luaL_Reg lx_res_methods[] = {
     {"send", lx_res_send},         {"json", lx_res_json},
     {"write", lx_res_write},       {"finish", lx_res_finish},
     {"redirect", lx_res_redirect}, {"sendfile", lx_res_sendfile},
+    {"sse", lx_res_sse},
     {"_done", lx_res_done},        {"_fail", lx_res_fail},
     {NULL, NULL}};
 
@@ -792,6 +942,7 @@ static void lx__cfg_free(lx_service_t *s) {
   lx_http_cfg_t *cfg = s->ext;
   if (!cfg) return;
   luaL_unref(s->ln->L, LUA_REGISTRYINDEX, cfg->on_request);
+  lx_ws_cfg_free(s->ln->L, cfg->ws);
   free(cfg);
   s->ext = NULL;
 }
@@ -815,10 +966,12 @@ static lua_Number lx__opt(lua_State *L, int idx, const char *name,
 
 static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   lua_getfield(L, idx, "on_request");
-  if (!lua_isfunction(L, -1))
+  lua_getfield(L, idx, "websocket");
+  bool has_ws = !lua_isnil(L, -1);
+  if (!lua_isfunction(L, -2) && !(lua_isnil(L, -2) && has_ws))
     luaL_error(L, "mp.http: on_request must be a function (got %s)",
-               luaL_typename(L, -1));
-  lua_pop(L, 1);
+               luaL_typename(L, -2));
+  lua_pop(L, 2);
   lua_Number max_header = lx__opt(L, idx, "max_header", 8192, 256, 1 << 20);
   lua_Number max_body = lx__opt(L, idx, "max_body", 1 << 20, 0, (lua_Number)(1ull << 32));
   lua_Number header_timeout = lx__opt(L, idx, "header_timeout", 10, 0.01, 3600);
@@ -829,11 +982,18 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   lua_Number max_queue = lx__opt(L, idx, "max_queue",
                                  (lua_Number)REACTOR_DEFAULT_MAX_QUEUE, 1024,
                                  (lua_Number)((size_t)1 << 40));
+  lx_ws_cfg_t *ws = NULL; /* made last: it raises before allocating */
+  if (has_ws) {
+    lua_getfield(L, idx, "websocket");
+    ws = lx_ws_cfg_new(L, -1);
+    lua_pop(L, 1);
+  }
   lx_service_t *s = calloc(1, sizeof(*s));
   lx_http_cfg_t *cfg = calloc(1, sizeof(*cfg));
   if (!s || !cfg) {
     free(s);
     free(cfg);
+    lx_ws_cfg_free(L, ws);
     luaL_error(L, "out of memory");
   }
   s->ln = ln;
@@ -845,6 +1005,7 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   s->proto.on_open = lx_http_on_open;
   s->proto.on_data = lx_http_on_data;
   s->proto.on_timeout = lx_http_on_timeout;
+  s->proto.on_ready = lx_http_on_ready;
   s->proto.on_shutdown = lx_http_on_shutdown;
   s->proto.on_close = lx_http_on_close;
   cfg->max_header = (size_t)max_header;
@@ -852,7 +1013,9 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   cfg->header_timeout_ms = (uint32_t)(header_timeout * 1000);
   cfg->idle_ms = (uint32_t)(idle * 1000);
   lua_getfield(L, idx, "on_request");
-  cfg->on_request = luaL_ref(L, LUA_REGISTRYINDEX);
+  cfg->on_request = lua_isnil(L, -1) ? (lua_pop(L, 1), LUA_NOREF)
+                                     : luaL_ref(L, LUA_REGISTRYINDEX);
+  cfg->ws = ws;
   s->ext = cfg;
   s->ext_free = lx__cfg_free;
   lx_service_link(s);

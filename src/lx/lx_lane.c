@@ -130,8 +130,8 @@ static void lx__failed(lx_lane_t *ln, lx_run_t *run, int status) {
 const char lx_wait_token = 0;
 
 /* One resume of a run; `resumed` says it was suspended before (and so is
- * held). */
-static void lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
+ * held). Returns whether it is suspended now. */
+static bool lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
   lx_run_t *outer = ln->running;
   ln->running = run;
   if (!outer) {
@@ -148,7 +148,7 @@ static void lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
     if (!resumed) lx__hold(ln, run);
     int rc = arm(ln, run, run->co);
     lua_settop(run->co, 0);
-    if (rc == 0) return; /* arm keeps a copy of *run */
+    if (rc == 0) return true; /* arm keeps a copy of *run */
     char buf[128];
     lua_pushstring(run->co, lx_errmsg(rc, buf, sizeof(buf)));
     status = LUA_ERRRUN;
@@ -161,6 +161,7 @@ static void lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
     luaL_unref(ln->L, LUA_REGISTRYINDEX, run->co_ref);
   }
   if (resumed) lx__release(ln, run);
+  return false;
 }
 
 void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api) {
@@ -191,10 +192,10 @@ void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
   lua_call(L, 4, 1);
 }
 
-void lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
+bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what) {
   lx_run_t run = {co, co_ref, kind, c, timer, what, LUA_NOREF};
-  lx__step(ln, &run, nargs, false);
+  return lx__step(ln, &run, nargs, false);
 }
 
 void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
@@ -296,6 +297,7 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
   lua_newtable(L);
   ln->conn_subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lx_conn_open(L, ln);
+  lx_ws_open(L, ln);
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "preload");
   lua_pushcfunction(L, luaopen_moonport);

@@ -22,6 +22,7 @@ typedef struct {
   int fn_ref;
   bool pattern, active;
   sock_uuid_t uuid; /* the connection it belongs to, or 0 */
+  lx_forward_fn fwd; /* set: messages go to the connection from C */
   size_t len;
   char ch[];
 } lx_sub_t;
@@ -145,11 +146,23 @@ static int lx_sub_channel(lua_State *L) {
 }
 
 /* subscribe(channel, fn [, { match = "glob" }]) for the lane, owned by
- * connection `uuid` (0: none). Arguments start at `base`. */
-int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid) {
+ * connection `uuid` (0: none). Arguments start at `base`. With `fwd`, fn
+ * may be left out (nil, or the options in its place): messages then go
+ * through fwd. */
+int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
+                 lx_forward_fn fwd) {
   size_t len;
   const char *ch = luaL_checklstring(L, base, &len);
-  luaL_checktype(L, base + 1, LUA_TFUNCTION);
+  if (fwd && lua_istable(L, base + 1)) { /* (channel, opts) */
+    lua_pushnil(L);
+    lua_insert(L, base + 1);
+  }
+  if (fwd && lua_isnoneornil(L, base + 1)) {
+    lua_settop(L, base + 2);
+  } else {
+    fwd = NULL;
+    luaL_checktype(L, base + 1, LUA_TFUNCTION);
+  }
   bool pattern = false;
   if (!lua_isnoneornil(L, base + 2)) {
     luaL_checktype(L, base + 2, LUA_TTABLE);
@@ -172,10 +185,15 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid) {
   s->pattern = pattern;
   s->active = true;
   s->uuid = uuid;
+  s->fwd = fwd;
   s->len = len;
   memcpy(s->ch, ch, len);
-  lua_pushvalue(L, base + 1);
-  s->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (fwd) {
+    s->fn_ref = LUA_NOREF;
+  } else {
+    lua_pushvalue(L, base + 1);
+    s->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   luaL_getmetatable(L, LX_SUB_MT);
   lua_setmetatable(L, sub_idx);
   /* lists[channel][#+1] = sub */
@@ -231,7 +249,7 @@ void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid) {
 }
 
 static int lx_subscribe_fn(lua_State *L) {
-  return lx_subscribe(L, lx__ln(L), 1, 0);
+  return lx_subscribe(L, lx__ln(L), 1, 0, NULL);
 }
 
 /* ---- delivery ---- */
@@ -282,7 +300,8 @@ static void lx__conn_later(lx_lane_t *ln, conn_t *c, int fn_ref, int ch_idx,
 
 /* Calls every active subscriber in list (at the top of L) with channel and
  * message (at ch_idx and msg_idx). */
-static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx) {
+static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx,
+                          lx_fwd_ctx_t *fc) {
   lua_State *L = ln->L;
   int list = lua_gettop(L);
   int n = (int)lua_objlen(L, list);
@@ -299,6 +318,10 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx) {
     if (!s || !s->active) continue;
     conn_t *c = s->uuid ? reactor_conn_find(ln->r, s->uuid) : NULL;
     if (s->uuid && !c) continue; /* closing: cancelled at its on_close */
+    if (s->fwd) { /* straight to the client: no Lua, no waiting its turn */
+      s->fwd(ln, c, fc);
+      continue;
+    }
     if (c && reactor_conn_busy(c)) {
       lx__conn_later(ln, c, s->fn_ref, ch_idx, msg_idx);
       continue;
@@ -311,7 +334,15 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx) {
   lua_pop(L, 1);
 }
 
+static void lx__dispatch(lx_lane_t *ln, pubsub_msg_t *m, lx_fwd_ctx_t *fc);
+
 void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
+  lx_fwd_ctx_t fc = {m, -1, NULL, 0, 0};
+  lx__dispatch(ln, m, &fc);
+  free(fc.frame);
+}
+
+static void lx__dispatch(lx_lane_t *ln, pubsub_msg_t *m, lx_fwd_ctx_t *fc) {
   lua_State *L = ln->L;
   int top = lua_gettop(L);
   lua_pushlstring(L, pubsub_msg_channel(m), m->clen);
@@ -342,14 +373,14 @@ void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
     lx__lists(L, ln, true);
     lua_pushlstring(L, pubsub_msg_pattern(m), m->plen);
     lua_rawget(L, -2);
-    if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx);
+    if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx, fc);
     lua_settop(L, top);
     return;
   }
   lx__lists(L, ln, false);
   lua_pushvalue(L, ch_idx);
   lua_rawget(L, -2);
-  if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx);
+  if (lua_istable(L, -1)) lx__call_list(ln, ch_idx, msg_idx, fc);
   lua_pop(L, 2);
   if (m->flags & PUBSUB_EXACT) {
     lua_settop(L, top);
@@ -371,7 +402,7 @@ void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
   }
   for (int i = 1; i <= nhits; i++) {
     lua_rawgeti(L, hits, i);
-    lx__call_list(ln, ch_idx, msg_idx);
+    lx__call_list(ln, ch_idx, msg_idx, fc);
     lua_pop(L, 1);
   }
   lua_settop(L, top);

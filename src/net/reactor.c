@@ -306,6 +306,10 @@ static void conn__read(conn_t *c) {
         c->hold++;
         c->proto->on_data(c, r->rbuf, (size_t)n);
         if (--c->hold > 0) return; /* suspended: release re-queues reading */
+        if (c->tasks) { /* tasks it queued run before the next read */
+          conn__enqueue(c, P_TASK);
+          return;
+        }
       }
       continue;
     }
@@ -392,7 +396,11 @@ static void conn__process(conn_t *c) {
     }
   }
   c->pend |= p & ~P_READ;
-  if (c->tasks) c->pend |= P_TASK;
+  if (c->tasks) {
+    c->pend |= P_TASK;
+    /* queued by a callback that returned: run them in the next round */
+    if (c->hold == 0 && !(c->flags & F_DEAD)) conn__enqueue(c, P_TASK);
+  }
   if ((c->flags & F_DEAD) && c->hold == 0) {
     conn__drop_tasks(c);
     conn__finish(c);

@@ -1,0 +1,668 @@
+/* lx_ws: the streams an HTTP connection can turn into: WebSocket (after an
+ * upgrade) and Server-Sent Events (res:sse). Each is a Lua object bound to
+ * its connection by uuid; their subscriptions without a function forward
+ * messages to the client from C, without entering Lua. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "http/ws.h"
+#include "lx/lx.h"
+
+#define LX_WS_MT "moonport.websocket"
+#define LX_SSE_MT "moonport.sse"
+
+/* Messages up to this size go out in one write with their frame head. */
+#define LX_WS_INLINE 4096
+/* Longer ones are queued by reference to the Lua string. */
+#define LX_WS_ZERO_COPY_MIN 16384
+/* Seconds a close handshake we started may take. */
+#define LX_WS_CLOSE_WAIT_MS 5000
+
+enum { LX_KIND_WS = 1, LX_KIND_SSE = 2 };
+
+struct lx_ws_cfg {
+  int on_open, on_message, on_ready, on_close; /* registry refs or NOREF */
+  size_t max_msg;
+};
+
+struct lx_stream {
+  int kind;
+  lx_lane_t *ln;
+  sock_uuid_t uuid;
+  const lx_ws_cfg_t *cfg; /* WS: the service's (it outlives its conns) */
+  int on_open, on_close;  /* SSE: its own refs */
+  int obj_ref;            /* the Lua object, LUA_NOREF until pushed */
+  char *last_id;          /* SSE: the Last-Event-ID the client sent */
+  /* WebSocket input */
+  ws_reader_t rd;
+  char *in;
+  size_t len, off, cap;
+  bool waiting;    /* on_message is suspended: the input waits for it */
+  bool close_sent; /* our close frame is out */
+  bool close_got;  /* the peer's close frame came */
+  bool pinged;     /* idle once already: a ping went out */
+  int code;        /* for on_close: the close code seen or sent */
+  size_t reason_len;
+  char reason[124];
+};
+
+typedef struct {
+  sock_uuid_t uuid;
+  int kind;
+} lx_stream_ud_t;
+
+static lx_lane_t *lx__ln(lua_State *L) {
+  return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* ---- settings ---- */
+
+static int lx__fn_ref(lua_State *L, int idx, const char *name) {
+  lua_getfield(L, idx, name);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return LUA_NOREF;
+  }
+  if (!lua_isfunction(L, -1))
+    luaL_error(L, "mp.http: websocket.%s must be a function (got %s)", name,
+               luaL_typename(L, -1));
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  if (!lua_istable(L, idx))
+    luaL_error(L, "mp.http: websocket must be a table of handlers (got %s)",
+               luaL_typename(L, idx));
+  lua_getfield(L, idx, "max_msg");
+  lua_Number max = 1 << 20;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER)
+      luaL_error(L, "mp.http: websocket.max_msg must be a number");
+    max = lua_tonumber(L, -1);
+    if (max < 1 || max > (lua_Number)(1u << 30))
+      luaL_error(L, "mp.http: websocket.max_msg out of range (1..2^30)");
+  }
+  lua_pop(L, 1);
+  /* Check every handler before taking any reference. */
+  static const char *const names[] = {"on_open", "on_message", "on_ready",
+                                      "on_close"};
+  for (int i = 0; i < 4; i++) {
+    lua_getfield(L, idx, names[i]);
+    bool bad = !lua_isnil(L, -1) && !lua_isfunction(L, -1);
+    lua_pop(L, 1);
+    if (bad) lx__fn_ref(L, idx, names[i]); /* raises */
+  }
+  lx_ws_cfg_t *cfg = malloc(sizeof(*cfg));
+  if (!cfg) luaL_error(L, "out of memory");
+  cfg->max_msg = (size_t)max;
+  cfg->on_open = lx__fn_ref(L, idx, "on_open");
+  cfg->on_message = lx__fn_ref(L, idx, "on_message");
+  cfg->on_ready = lx__fn_ref(L, idx, "on_ready");
+  cfg->on_close = lx__fn_ref(L, idx, "on_close");
+  return cfg;
+}
+
+void lx_ws_cfg_free(lua_State *L, lx_ws_cfg_t *cfg) {
+  if (!cfg) return;
+  luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_open);
+  luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_message);
+  luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_ready);
+  luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_close);
+  free(cfg);
+}
+
+/* ---- streams ---- */
+
+static lx_stream_t *lx__stream_new(lx_lane_t *ln, conn_t *c, int kind) {
+  lx_stream_t *st = calloc(1, sizeof(*st));
+  if (!st) return NULL;
+  st->kind = kind;
+  st->ln = ln;
+  st->uuid = reactor_conn_uuid(c);
+  st->on_open = st->on_close = st->obj_ref = LUA_NOREF;
+  st->code = 1006;
+  return st;
+}
+
+lx_stream_t *lx_ws_new(lx_lane_t *ln, conn_t *c, const lx_ws_cfg_t *cfg) {
+  lx_stream_t *st = lx__stream_new(ln, c, LX_KIND_WS);
+  if (!st) return NULL;
+  st->cfg = cfg;
+  ws_reader_init(&st->rd, cfg->max_msg, true);
+  return st;
+}
+
+/* Pushes the stream's Lua object (one per stream, kept until it closes). */
+static void lx__push_obj(lua_State *L, lx_stream_t *st) {
+  if (st->obj_ref != LUA_NOREF) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, st->obj_ref);
+    return;
+  }
+  lx_stream_ud_t *ud = lx_new_env_ud(
+      L, sizeof(*ud), st->kind == LX_KIND_WS ? LX_WS_MT : LX_SSE_MT);
+  ud->uuid = st->uuid;
+  ud->kind = st->kind;
+  lua_pushvalue(L, -1);
+  st->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+void lx_stream_push(lua_State *L, lx_stream_t *st) { lx__push_obj(L, st); }
+
+/* Writes a frame; a message longer than LX_WS_INLINE goes as head + body
+ * (the body by reference to the Lua string at `idx` of L when it is long).
+ * 0 or a negative errno; a frame cut in half closes the connection. */
+static int lx__ws_frame(conn_t *c, int op, const char *p, size_t n,
+                        lua_State *L, int idx, lx_lane_t *ln) {
+  char head[10];
+  size_t h = ws_frame_head(head, op, true, n);
+  if (n <= LX_WS_INLINE) {
+    char buf[10 + LX_WS_INLINE];
+    memcpy(buf, head, h);
+    if (n) memcpy(buf + h, p, n);
+    return reactor_conn_write(c, buf, h + n);
+  }
+  int rc = reactor_conn_write(c, head, h);
+  if (rc) return rc;
+  if (L && n >= LX_WS_ZERO_COPY_MIN) {
+    lua_pushvalue(L, idx);
+    int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    rc = reactor_conn_write_ref(c, p, n, lx_unref_release, ln,
+                                (void *)(intptr_t)ref);
+  } else {
+    rc = reactor_conn_write(c, p, n);
+  }
+  if (rc) reactor_conn_force_close(c, CONN_ERROR); /* the head went alone */
+  return rc;
+}
+
+/* Sends our close frame (once) and waits for the peer's, for a while. */
+static void lx__ws_send_close(conn_t *c, lx_stream_t *st, int code,
+                              const char *reason, size_t rlen) {
+  if (st->close_sent) return;
+  st->close_sent = true;
+  char p[125];
+  size_t n = 0;
+  if (code != WS_CLOSE_NO_STATUS) {
+    p[0] = (char)(code >> 8);
+    p[1] = (char)code;
+    if (rlen > 123) rlen = 123;
+    memcpy(p + 2, reason, rlen);
+    n = 2 + rlen;
+  }
+  lx__ws_frame(c, WS_CLOSE, p, n, NULL, 0, st->ln);
+  if (!st->close_got) st->code = code;
+}
+
+/* The peer broke the protocol (or a limit): close with `code`. */
+static void lx__ws_fail(conn_t *c, lx_stream_t *st, int code) {
+  static const char *const why[] = {"protocol error", "invalid UTF-8",
+                                    "message too big", "server error"};
+  const char *r = code == WS_CLOSE_PROTOCOL   ? why[0]
+                  : code == WS_CLOSE_BAD_DATA ? why[1]
+                  : code == WS_CLOSE_TOO_BIG  ? why[2]
+                                              : why[3];
+  lx__ws_send_close(c, st, code, r, strlen(r));
+  st->reason_len = strlen(r);
+  memcpy(st->reason, r, st->reason_len);
+  st->close_got = true; /* read nothing more */
+  reactor_conn_close(c, CONN_ERROR);
+}
+
+/* Runs on_message; returns whether it is suspended. */
+static bool lx__ws_message(conn_t *c, lx_stream_t *st, const ws_event_t *ev) {
+  if (st->cfg->on_message == LUA_NOREF) return false;
+  lx_lane_t *ln = st->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, st->cfg->on_message);
+  lx__push_obj(co, st);
+  lua_pushlstring(co, ev->data, ev->len);
+  lua_pushboolean(co, ev->opcode == WS_TEXT);
+  return lx_call_on(ln, co, co_ref, 3, LX_CONN, c, NULL, "on_message");
+}
+
+static void lx__ws_process(conn_t *c, lx_stream_t *st);
+
+/* A suspended on_message finished: the waiting input goes on. */
+static void lx__ws_resume(conn_t *c, void *arg) {
+  (void)arg;
+  if (!c) return;
+  lx_stream_t *st = lx_http_stream(c);
+  if (!st || st->kind != LX_KIND_WS) return;
+  st->waiting = false;
+  lx__ws_process(c, st);
+}
+
+/* Handles the whole frames in the input, one message callback at a time. */
+static void lx__ws_process(conn_t *c, lx_stream_t *st) {
+  while (!st->waiting && !st->close_got && reactor_conn_is_open(c)) {
+    ws_event_t ev;
+    ssize_t n = ws_read(&st->rd, st->in + st->off, st->len - st->off, &ev);
+    if (n == 0) break;
+    if (n < 0) {
+      lx__ws_fail(c, st, n == -ENOMEM ? WS_CLOSE_ERROR : (int)-n);
+      return;
+    }
+    st->off += (size_t)n;
+    switch (ev.opcode) {
+    case WS_PING:
+      if (!st->close_sent) lx__ws_frame(c, WS_PONG, ev.data, ev.len, NULL, 0, st->ln);
+      break;
+    case WS_CLOSE:
+      st->close_got = true;
+      st->code = ev.code;
+      st->reason_len = ev.len < sizeof(st->reason) ? ev.len : sizeof(st->reason);
+      memcpy(st->reason, ev.data, st->reason_len);
+      /* The answer echoes the code (RFC 6455 5.5.1); the server closes
+       * the TCP connection first (7.1.1). */
+      lx__ws_send_close(c, st, ev.code, NULL, 0);
+      reactor_conn_close(c, CONN_PEER);
+      return;
+    case WS_TEXT:
+    case WS_BINARY:
+      if (st->close_sent) break; /* closing: messages are dropped */
+      if (lx__ws_message(c, st, &ev)) {
+        st->waiting = true;
+        if (reactor_conn_task(c, lx__ws_resume, NULL))
+          reactor_conn_force_close(c, CONN_ERROR);
+      }
+      break;
+    default: /* a pong, or a fragment taken */
+      break;
+    }
+  }
+  if (st->off) {
+    memmove(st->in, st->in + st->off, st->len - st->off);
+    st->len -= st->off;
+    st->off = 0;
+  }
+}
+
+void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
+  if (st->kind != LX_KIND_WS || st->close_got) return; /* SSE: ignored */
+  st->pinged = false;
+  /* One frame of the largest message, a control frame, and what one read
+   * brings past them. */
+  size_t limit = st->rd.max_msg + 2 * WS_MAX_HEAD + 125 + 65536;
+  if (st->len + len > limit) {
+    lx__ws_fail(c, st, WS_CLOSE_TOO_BIG);
+    return;
+  }
+  if (st->len + len > st->cap) {
+    size_t cap = st->cap ? st->cap : 4096;
+    while (cap < st->len + len) cap *= 2;
+    char *p = realloc(st->in, cap);
+    if (!p) {
+      lx__ws_fail(c, st, WS_CLOSE_ERROR);
+      return;
+    }
+    st->in = p;
+    st->cap = cap;
+  }
+  memcpy(st->in + st->len, data, len);
+  st->len += len;
+  if (!st->waiting) lx__ws_process(c, st);
+}
+
+/* on_open of a WebSocket, with the upgrade request pushed by push_req;
+ * then the bytes that came after the request. */
+void lx_ws_begin(conn_t *c, lx_stream_t *st,
+                 bool (*push_req)(lua_State *L, void *arg), void *arg,
+                 const char *rest, size_t rest_len) {
+  lx_lane_t *ln = st->ln;
+  bool suspended = false;
+  if (st->cfg->on_open != LUA_NOREF) {
+    int co_ref;
+    lua_State *co = lx_co_take(ln, &co_ref);
+    lua_rawgeti(co, LUA_REGISTRYINDEX, st->cfg->on_open);
+    lx__push_obj(co, st);
+    if (!push_req(co, arg)) lua_pushnil(co);
+    suspended = lx_call_on(ln, co, co_ref, 2, LX_CONN, c, NULL, "on_open");
+  }
+  if (suspended) {
+    st->waiting = true;
+    if (reactor_conn_task(c, lx__ws_resume, NULL))
+      reactor_conn_force_close(c, CONN_ERROR);
+  }
+  if (rest_len && reactor_conn_is_open(c)) lx_stream_data(c, st, rest, rest_len);
+}
+
+/* ---- SSE ---- */
+
+lx_stream_t *lx_sse_new(lua_State *L, lx_lane_t *ln, conn_t *c, int opts,
+                        const char *last_id, size_t last_len) {
+  lx_stream_t *st = lx__stream_new(ln, c, LX_KIND_SSE);
+  if (!st) return NULL;
+  if (last_id) {
+    st->last_id = malloc(last_len + 1);
+    if (st->last_id) {
+      memcpy(st->last_id, last_id, last_len);
+      st->last_id[last_len] = 0;
+    }
+  }
+  if (opts) {
+    lua_getfield(L, opts, "on_open");
+    st->on_open = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX)
+                                        : (lua_pop(L, 1), LUA_NOREF);
+    lua_getfield(L, opts, "on_close");
+    st->on_close = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX)
+                                         : (lua_pop(L, 1), LUA_NOREF);
+  }
+  return st;
+}
+
+static void lx__sse_open(conn_t *c, void *arg) {
+  (void)arg;
+  if (!c) return;
+  lx_stream_t *st = lx_http_stream(c);
+  if (!st || st->kind != LX_KIND_SSE || st->on_open == LUA_NOREF) return;
+  lx_lane_t *ln = st->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, st->on_open);
+  lx__push_obj(co, st);
+  lx_call_on(ln, co, co_ref, 1, LX_CONN, c, NULL, "on_open");
+}
+
+void lx_sse_begin(conn_t *c, lx_stream_t *st) {
+  if (st->on_open != LUA_NOREF && reactor_conn_task(c, lx__sse_open, NULL))
+    reactor_conn_force_close(c, CONN_ERROR);
+}
+
+/* An event: `data` split into "data:" lines (CR LF, LF or CR end a line),
+ * after "event:" and "id:" if given. Returns the malloc'ed text. */
+static char *lx__sse_event(const char *data, size_t n, const char *ev,
+                           size_t evl, const char *id, size_t idl,
+                           size_t *out_len) {
+  size_t lines = 1;
+  for (size_t i = 0; i < n; i++)
+    if (data[i] == '\n' || (data[i] == '\r' && (i + 1 >= n || data[i + 1] != '\n')))
+      lines++;
+  size_t cap = n + lines * 7 + (ev ? evl + 8 : 0) + (id ? idl + 5 : 0) + 2;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  size_t at = 0;
+  if (ev) {
+    memcpy(out + at, "event: ", 7);
+    memcpy(out + at + 7, ev, evl);
+    at += 7 + evl;
+    out[at++] = '\n';
+  }
+  if (id) {
+    memcpy(out + at, "id: ", 4);
+    memcpy(out + at + 4, id, idl);
+    at += 4 + idl;
+    out[at++] = '\n';
+  }
+  size_t start = 0;
+  for (size_t i = 0; i <= n; i++) {
+    bool end = i == n || data[i] == '\n' || data[i] == '\r';
+    if (!end) continue;
+    memcpy(out + at, "data: ", 6);
+    memcpy(out + at + 6, data + start, i - start);
+    at += 6 + i - start;
+    out[at++] = '\n';
+    if (i < n && data[i] == '\r' && i + 1 < n && data[i + 1] == '\n') i++;
+    start = i + 1;
+  }
+  out[at++] = '\n';
+  *out_len = at;
+  return out;
+}
+
+/* ---- forwarding subscriptions ---- */
+
+static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
+  lx_stream_t *st = lx_http_stream(c);
+  if (!st || (st->kind == LX_KIND_WS && st->close_sent)) return;
+  pubsub_msg_t *m = fc->m;
+  const char *body = pubsub_msg_body(m);
+  if (fc->frame_kind != st->kind || !fc->frame) {
+    free(fc->frame);
+    fc->frame = NULL;
+    if (st->kind == LX_KIND_WS) {
+      if (fc->text < 0) fc->text = ws_utf8_valid(body, m->mlen);
+      char head[10];
+      size_t h = ws_frame_head(head, fc->text ? WS_TEXT : WS_BINARY, true, m->mlen);
+      fc->frame = malloc(h + m->mlen + 1);
+      if (fc->frame) {
+        memcpy(fc->frame, head, h);
+        memcpy(fc->frame + h, body, m->mlen);
+        fc->frame_len = h + m->mlen;
+      }
+    } else {
+      fc->frame = lx__sse_event(body, m->mlen, NULL, 0, NULL, 0, &fc->frame_len);
+    }
+    fc->frame_kind = st->kind;
+    if (!fc->frame) {
+      log_error("pub/sub: out of memory; a message to a client is lost");
+      return;
+    }
+  }
+  int rc = reactor_conn_write(c, fc->frame, fc->frame_len);
+  if (rc == -ENOBUFS) /* it can't keep up: a cut is better than a gap */
+    reactor_conn_force_close(c, CONN_ERROR);
+}
+
+/* ---- the Lua objects ---- */
+
+/* The stream of a method's object, and its connection; NULL once closed. */
+static lx_stream_t *lx__stream(lua_State *L, conn_t **cp) {
+  lx_stream_ud_t *ud = lx_check_self(L, "websocket or sse object");
+  conn_t *c = ud->uuid ? reactor_conn_find(lx__ln(L)->r, ud->uuid) : NULL;
+  lx_stream_t *st = c ? lx_http_stream(c) : NULL;
+  if (st && st->kind != ud->kind) st = NULL;
+  *cp = st ? c : NULL;
+  return st;
+}
+
+static int lx_ws_send(lua_State *L) {
+  conn_t *c;
+  lx_stream_t *st = lx__stream(L, &c);
+  size_t n;
+  const char *p = luaL_checklstring(L, 2, &n);
+  int op;
+  if (lua_isnoneornil(L, 3)) {
+    op = ws_utf8_valid(p, n) ? WS_TEXT : WS_BINARY;
+  } else {
+    op = lua_toboolean(L, 3) ? WS_TEXT : WS_BINARY;
+    if (op == WS_TEXT && !ws_utf8_valid(p, n))
+      return luaL_argerror(L, 2, "a text message must be UTF-8");
+  }
+  if (!st || st->close_sent) return lx_push_fail(L, -EPIPE);
+  int rc = lx__ws_frame(c, op, p, n, L, 2, st->ln);
+  if (rc) return lx_push_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lx_ws_close(lua_State *L) {
+  conn_t *c;
+  lx_stream_t *st = lx__stream(L, &c);
+  lua_Integer code = luaL_optinteger(L, 2, WS_CLOSE_NORMAL);
+  size_t rl = 0;
+  const char *reason = luaL_optlstring(L, 3, "", &rl);
+  if (!((code >= 3000 && code <= 4999) || code == 1000 || code == 1001 ||
+        (code >= 1007 && code <= 1014) || code == 1002 || code == 1003))
+    return luaL_argerror(L, 2, "a close code: 1000-1003, 1007-1014 or 3000-4999");
+  if (rl > 123 || !ws_utf8_valid(reason, rl))
+    return luaL_argerror(L, 3, "a reason of at most 123 bytes of UTF-8");
+  if (!st || st->close_sent) return 0;
+  lx__ws_send_close(c, st, (int)code, reason, rl);
+  st->reason_len = rl;
+  memcpy(st->reason, reason, rl);
+  reactor_conn_set_timeout(c, LX_WS_CLOSE_WAIT_MS);
+  return 0;
+}
+
+static int lx_sse_send(lua_State *L) {
+  conn_t *c;
+  lx_stream_t *st = lx__stream(L, &c);
+  size_t n, evl = 0, idl = 0;
+  const char *p = luaL_checklstring(L, 2, &n);
+  const char *ev = luaL_optlstring(L, 3, NULL, &evl);
+  const char *id = NULL;
+  if (!lua_isnoneornil(L, 4)) {
+    if (lua_type(L, 4) == LUA_TNUMBER) lua_tostring(L, 4);
+    id = luaL_checklstring(L, 4, &idl);
+  }
+  if (ev && (memchr(ev, '\n', evl) || memchr(ev, '\r', evl)))
+    return luaL_argerror(L, 3, "an event name can't hold CR or LF");
+  if (id && (memchr(id, '\n', idl) || memchr(id, '\r', idl) || memchr(id, 0, idl)))
+    return luaL_argerror(L, 4, "an id can't hold CR, LF or NUL");
+  if (!st) return lx_push_fail(L, -EPIPE);
+  size_t len;
+  char *text = lx__sse_event(p, n, ev, evl, id, idl, &len);
+  if (!text) return luaL_error(L, "out of memory");
+  int rc = reactor_conn_write(c, text, len);
+  free(text);
+  if (rc) return lx_push_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lx_sse_close(lua_State *L) {
+  conn_t *c;
+  if (lx__stream(L, &c)) reactor_conn_close(c, CONN_LOCAL);
+  return 0;
+}
+
+static int lx_sse_last_event_id(lua_State *L) {
+  conn_t *c;
+  lx_stream_t *st = lx__stream(L, &c);
+  if (st && st->last_id) lua_pushstring(L, st->last_id);
+  else lua_pushnil(L);
+  return 1;
+}
+
+static int lx_stream_subscribe(lua_State *L) {
+  conn_t *c;
+  lx_stream_t *st = lx__stream(L, &c);
+  if (!st) return lx_push_fail(L, -EPIPE);
+  return lx_subscribe(L, lx__ln(L), 2, st->uuid, lx__fwd);
+}
+
+static int lx_stream_peer(lua_State *L) {
+  conn_t *c;
+  lx__stream(L, &c);
+  return lx_push_peer(L, c);
+}
+
+static int lx_stream_id(lua_State *L) {
+  lx_stream_ud_t *ud = lx_check_self(L, "websocket or sse object");
+  lua_pushnumber(L, (lua_Number)ud->uuid);
+  return 1;
+}
+
+static int lx_stream_is_open(lua_State *L) {
+  conn_t *c;
+  lx_stream_t *st = lx__stream(L, &c);
+  lua_pushboolean(L, st && reactor_conn_is_open(c) &&
+                         !(st->kind == LX_KIND_WS && st->close_sent));
+  return 1;
+}
+
+static int lx_stream_pending(lua_State *L) {
+  conn_t *c;
+  lx__stream(L, &c);
+  lua_pushnumber(L, c ? (lua_Number)reactor_conn_pending(c) : 0);
+  return 1;
+}
+
+static int lx_stream_tostring(lua_State *L) {
+  lx_stream_ud_t *ud = lua_touserdata(L, 1);
+  lua_pushfstring(L, "moonport.%s(%f)", ud->kind == LX_KIND_WS ? "websocket" : "sse",
+                  (lua_Number)ud->uuid);
+  return 1;
+}
+
+static const luaL_Reg lx_ws_methods[] = {
+    {"send", lx_ws_send},           {"close", lx_ws_close},
+    {"subscribe", lx_stream_subscribe}, {"peer", lx_stream_peer},
+    {"id", lx_stream_id},           {"is_open", lx_stream_is_open},
+    {"pending", lx_stream_pending}, {NULL, NULL}};
+
+static const luaL_Reg lx_sse_methods[] = {
+    {"send", lx_sse_send},
+    {"close", lx_sse_close},
+    {"subscribe", lx_stream_subscribe},
+    {"last_event_id", lx_sse_last_event_id},
+    {"peer", lx_stream_peer},
+    {"id", lx_stream_id},
+    {"is_open", lx_stream_is_open},
+    {"pending", lx_stream_pending},
+    {NULL, NULL}};
+
+void lx_ws_open(lua_State *L, lx_lane_t *ln) {
+  lx_meta_env(L, ln, LX_WS_MT, lx_ws_methods);
+  lua_pushcfunction(L, lx_stream_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  lx_meta_env(L, ln, LX_SSE_MT, lx_sse_methods);
+  lua_pushcfunction(L, lx_stream_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+}
+
+/* ---- connection events (from lx_http) ---- */
+
+void lx_stream_ready(conn_t *c, lx_stream_t *st) {
+  if (st->kind != LX_KIND_WS || st->cfg->on_ready == LUA_NOREF) return;
+  lx_lane_t *ln = st->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, st->cfg->on_ready);
+  lx__push_obj(co, st);
+  lx_call_on(ln, co, co_ref, 1, LX_CONN, c, NULL, "on_ready");
+}
+
+void lx_stream_timeout(conn_t *c, lx_stream_t *st) {
+  if (st->kind == LX_KIND_SSE) { /* a comment keeps proxies from timing out */
+    if (reactor_conn_write(c, ":\n\n", 3) == 0) reactor_conn_set_timeout(c, reactor_conn_timeout(c));
+    return;
+  }
+  if (st->close_sent || st->pinged) { /* no answer to a close or a ping */
+    reactor_conn_close(c, CONN_TIMEOUT);
+    return;
+  }
+  st->pinged = true;
+  lx__ws_frame(c, WS_PING, NULL, 0, NULL, 0, st->ln);
+  reactor_conn_set_timeout(c, reactor_conn_timeout(c));
+}
+
+void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
+  if (st->kind == LX_KIND_WS) {
+    static const char why[] = "server shutting down";
+    lx__ws_send_close(c, st, WS_CLOSE_GOING_AWAY, why, sizeof(why) - 1);
+  }
+  reactor_conn_close(c, CONN_SHUTDOWN);
+}
+
+void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
+  lx_lane_t *ln = st->ln;
+  (void)reason;
+  int on_close = st->kind == LX_KIND_WS ? st->cfg->on_close : st->on_close;
+  if (on_close != LUA_NOREF && !ln->closing) {
+    int co_ref;
+    lua_State *co = lx_co_take(ln, &co_ref);
+    lua_rawgeti(co, LUA_REGISTRYINDEX, on_close);
+    lx__push_obj(co, st);
+    int nargs = 1;
+    if (st->kind == LX_KIND_WS) {
+      lua_pushinteger(co, st->code);
+      lua_pushlstring(co, st->reason, st->reason_len);
+      nargs = 3;
+    }
+    lx_call_on(ln, co, co_ref, nargs, LX_CONN, c, NULL, "on_close");
+  }
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, st->obj_ref);
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, st->on_open);
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, st->on_close);
+  ws_reader_deinit(&st->rd);
+  free(st->in);
+  free(st->last_id);
+  free(st);
+}
