@@ -58,7 +58,7 @@ describe("WebSocket, with the npm ws client:", function()
   it("echoes text and binary messages byte for byte: empty, 1, 125/126/127, 65535/65536 bytes, multibyte UTF-8, 1 MiB", function()
     local srv, port = start()
     local rows = case(srv, port, "echo")
-    assert.equal(20, #rows, "one row per payload")
+    assert.equal(18, #rows, "one row per payload")
     for _, r in ipairs(rows) do
       assert.equal(r.sent_len, r.got_len, r.name .. ": length")
       assert.is_true(r.same, r.name .. ": bytes differ")
