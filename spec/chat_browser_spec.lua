@@ -1,9 +1,9 @@
 -- Spec: examples/chat in a real browser. `moonport -w 2
 -- examples/chat/app.lua PORT` (started as a user would, from the
--- repository root with a relative path) serves the page; Chromium pages
--- driven by playwright-core (spec/node/chat_browser.js) chat through it,
--- both ways, and again after every worker was killed (the page reconnects
--- by itself). The same browser checks EventSource reconnecting with
+-- repository root with a relative path) serves the page; two Chromium
+-- pages driven by playwright-core (spec/node/chat_browser.js), on
+-- different workers, chat through it both ways, and again after every
+-- worker was killed (the page reconnects by itself). The same browser checks EventSource reconnecting with
 -- Last-Event-ID against spec/fixtures/ws_app.lua.
 local H = require "spec.helper"
 local JS = require "spec.js"
@@ -123,14 +123,18 @@ describe("examples/chat:", function()
     end, H.T(20), describe)
     local killed = kill_workers(srv, APP)
     assert.equal(2, #killed, "two workers")
-    local f = assert(io.open(go, "w"))
-    f:close()
+    assert(io.open(go, "w")):close()
 
     local st = p:wait_exit(H.T(25))
     if not st then p:kill(H.SIGKILL); p:wait_exit(5) end
     local r = rows()
     assert.equal(0, st, describe())
     assert.truthy(JS.find(r, "done", true), describe())
+    -- the two pages talk through different workers
+    local placed = assert(JS.find(r, "step", "placed"), describe())
+    assert.truthy(placed.a == 1 or placed.a == 2, "alice's worker: " .. tostring(placed.a))
+    assert.truthy(placed.b == 1 or placed.b == 2, "bob's worker: " .. tostring(placed.b))
+    assert.are_not.equal(placed.a, placed.b, "pages on different workers after " .. placed.rounds .. " tries")
     for _, step in ipairs { "a to b", "b to a", "after reconnect" } do
       local s = assert(JS.find(r, "step", step), step .. " missing:\n" .. describe())
       assert.is_true(s.ok, step .. ": " .. require("cjson").encode(s))

@@ -44,6 +44,11 @@ mp.http {
     on_open = function(ws, req)
       if req.path ~= "/ws" then return ws:close(1008, "the chat is at /ws") end
       ws:subscribe("chat")
+      -- to this client only: where it landed (with -w 2, tabs land on
+      -- different workers and still see each other's messages)
+      ws:send(cjson.encode { system = true, text = mp.workers() > 1
+        and ("connected to worker %d of %d"):format(mp.worker(), mp.workers())
+        or "connected" })
     end,
     on_message = function(ws, data, is_text)
       local msg = is_text and parse(data)

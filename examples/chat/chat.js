@@ -24,6 +24,12 @@
 
   function show(msg) {
     const li = document.createElement('li');
+    if (msg.system) {
+      li.className = 'system';
+      li.textContent = msg.text;
+      list.append(li);
+      return;
+    }
     const who = document.createElement('span');
     who.className = 'who';
     who.textContent = msg.name + ':';

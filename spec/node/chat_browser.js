@@ -2,8 +2,10 @@
 // Two Chromium pages (playwright-core driving Debian's /usr/bin/chromium)
 // chat through examples/chat; for spec/chat_browser_spec.lua.
 //   node chat_browser.js CHAT_PORT GO_FILE [SSE_PORT]
-// 1. Both pages load, connect, and a message typed in each shows up in the
-//    other ({"step":"a to b"|"b to a", ok, ...}).
+// 1. Both pages load and connect; bob's page is reloaded until the two
+//    are on different workers, as the server's welcome lines say
+//    ({"step":"placed", a, b, rounds}). Then a message typed in each
+//    shows up in the other ({"step":"a to b"|"b to a", ok, ...}).
 // 2. It prints {"step":"drop me"} and waits for GO_FILE to exist (the spec
 //    kills the workers meanwhile); both pages must reconnect by themselves
 //    and chat again ({"step":"after reconnect", ...}).
@@ -28,6 +30,21 @@ async function openChat(browser, name) {
   await page.waitForSelector('body[data-connected="yes"]', { timeout: T });
   await page.fill('#name', name);
   return page;
+}
+
+// The worker a page's socket is on, from the server's welcome line.
+async function worker(page) {
+  const li = await page.waitForSelector('#messages li.system', { timeout: T });
+  const m = /worker (\d+)/.exec(await li.textContent());
+  return m ? Number(m[1]) : null;
+}
+
+async function waitFile(path) {
+  const deadline = Date.now() + 2 * T;
+  while (!fs.existsSync(path)) {
+    if (Date.now() > deadline) throw new Error(`no ${path}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
 }
 
 async function messages(page) {
@@ -66,15 +83,24 @@ async function say(step, from, fromName, to, text) {
     }
     const a = await openChat(browser, 'alice');
     const b = await openChat(browser, 'bob');
+    // The kernel picks a worker for each connection: reload bob's page
+    // until the two pages are on different workers.
+    const aWorker = await worker(a);
+    let bWorker = await worker(b);
+    let rounds = 1;
+    while (bWorker === aWorker && rounds < 12) {
+      await b.reload({ timeout: T });
+      await b.waitForSelector('body[data-connected="yes"]', { timeout: T });
+      await b.fill('#name', 'bob');
+      bWorker = await worker(b);
+      rounds++;
+    }
+    out({ step: 'placed', a: aWorker, b: bWorker, rounds });
     await say('a to b', a, 'alice', b, 'hello from alice ✓');
     await say('b to a', b, 'bob', a, 'hi alice, bob here <b>not bold</b>');
 
     out({ step: 'drop me' });
-    const deadline = Date.now() + 2 * T;
-    while (!fs.existsSync(goFile)) {
-      if (Date.now() > deadline) throw new Error('no go file');
-      await new Promise((r) => setTimeout(r, 25));
-    }
+    await waitFile(goFile);
     for (const p of [a, b]) {
       await p.waitForSelector('body[data-connected="yes"]:not([data-opens="1"])', { timeout: 3 * T });
     }
