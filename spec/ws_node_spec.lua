@@ -136,13 +136,22 @@ describe("WebSocket, with the npm ws client:", function()
     local srv, port = start()
     local rows = case(srv, port, "too_big")
     assert.equal(1048576, JS.find(rows, "name", "at max").got_len)
+    -- the client is still sending when the server decides: the close
+    -- frame must still reach it (not a reset: the ws client says 1006)
     local one = JS.find(rows, "name", "one frame over")
-    assert.equal(1009, one.code)
+    assert.equal(1009, one.code, "client error: " .. tostring(one.client_error))
     assert.equal(0, one.messages)
     local frag = JS.find(rows, "name", "fragments over")
     assert.equal(1009, frag.code)
     assert.equal(0, frag.messages)
     assert.is_true(srv:alive())
+  end)
+
+  it("a text message that is not UTF-8 closes with 1007", function()
+    local srv, port = start()
+    local r = case(srv, port, "bad_utf8")[1]
+    assert.equal(1007, r.code)
+    assert.equal(0, r.messages)
   end)
 
   it("on_open gets the upgrade request: method, path, query and headers", function()

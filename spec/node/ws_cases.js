@@ -249,9 +249,14 @@ cases.too_big = async () => {
   await c.send(bytes(max, 3), true);
   const m = await c.next(10000, 'the echo of max_msg bytes');
   out({ name: 'at max', got_len: m.data.length });
-  await c.send(bytes(max + 1, 4), true).catch(() => {});
-  const info = await withTimeout(c.closed, 5000, 'the close after max + 1');
-  out({ name: 'one frame over', code: info.code, messages: c.messages.length });
+  c.ws.close();
+  // a fresh connection that sends too much at once, as an upload would
+  const o = await open('/echo');
+  o.ws.on('error', (e) => { o.sendError = e.code || e.message; });
+  await o.send(bytes(max + 1, 4), true).catch(() => {});
+  const info = await withTimeout(o.closed, 5000, 'the close after max + 1');
+  out({ name: 'one frame over', code: info.code, reason: info.reason,
+    messages: o.messages.length, client_error: o.sendError || null });
 
   const f = await open('/echo');
   const half = bytes(max / 2, 5);
@@ -260,6 +265,14 @@ cases.too_big = async () => {
   f.ws.send(Buffer.from([1]), { binary: true, fin: true });
   const finfo = await withTimeout(f.closed, 5000, 'the close after fragments over max');
   out({ name: 'fragments over', code: finfo.code, messages: f.messages.length });
+};
+
+// A text message that is not UTF-8 closes with 1007.
+cases.bad_utf8 = async () => {
+  const c = await open('/echo');
+  c.ws.send(Buffer.from([0x61, 0xff, 0xfe]), { binary: false });
+  const info = await withTimeout(c.closed, 5000, 'the close after bad UTF-8');
+  out({ code: info.code, messages: c.messages.length });
 };
 
 // A message in three fragments comes back as one message.
