@@ -82,13 +82,30 @@ describe("examples/chat:", function()
     assert(not why, why)
     local srv, port = start_chat()
     for _, bad in ipairs { "not json", "[1,2]", '{"name":"x"}', '{"name":"x","text":"   "}',
-        ('{"name":"x","text":"%s"}'):format(("y"):rep(2001)) } do
+        ('{"name":"x","text":"%s"}'):format(("y"):rep(8001)) } do
       local r = JS.run("ws_cases.js", { port, "send_close", "/ws", bad }, 15, srv)[1]
       assert.equal(1003, r.code, bad:sub(1, 40))
     end
     local r = JS.run("ws_cases.js", { port, "send_close", "/elsewhere", "-" }, 15, srv)[1]
     assert.equal(1008, r.code)
     assert.equal("the chat is at /ws", r.reason)
+  end)
+
+  it("cuts a long name at a character boundary, so the line still goes out as text", function()
+    local why = JS.missing()
+    assert(not why, why)
+    local srv, port = start_chat()
+    -- 127 bytes; byte 120 starts a "ü", so the cut keeps 119
+    local name = "a" .. ("é"):rep(40) .. "日本" .. ("ü"):rep(20)
+    local line = require("cjson").encode { name = name, text = "  hi ✓  " }
+    local r = JS.run("ws_cases.js", { port, "send_recv", "/ws", line, 2 }, 15, srv)[1]
+    local welcome, got = r.messages[1], r.messages[2]
+    assert.truthy(welcome.data:find('"system":true', 1, true), welcome.data)
+    assert.is_false(got.binary, "a text frame")
+    local msg = require("cjson").decode(got.data)
+    assert.equal("hi ✓", msg.text)
+    assert.equal(name:sub(1, 119), msg.name)
+    assert.is_number(msg.at)
   end)
 
   it("two Chromium pages chat both ways through -w 2, and again after every worker was killed", function()

@@ -17,6 +17,14 @@ local files = {
   ["/chat.css"] = { "chat.css", "text/css; charset=utf-8" },
 }
 
+-- s cut to at most n bytes without splitting a UTF-8 character (a string
+-- that is not UTF-8 would go out as a binary frame).
+local function cut(s, n)
+  if #s <= n then return s end
+  while n > 0 and s:byte(n + 1) >= 0x80 and s:byte(n + 1) < 0xC0 do n = n - 1 end
+  return s:sub(1, n)
+end
+
 -- A chat line from a client, as JSON { name, text }; nil if it isn't one.
 local function parse(data)
   local ok, msg = pcall(cjson.decode, data)
@@ -25,9 +33,9 @@ local function parse(data)
   if type(name) ~= "string" or type(text) ~= "string" then return nil end
   name = name:gsub("%s+", " "):match("^%s*(.-)%s*$")
   text = text:match("^%s*(.-)%s*$")
-  if text == "" or #text > 2000 then return nil end
+  if text == "" or #text > 8000 then return nil end
   if name == "" then name = "anonymous" end
-  return { name = name:sub(1, 40), text = text, at = os.time() }
+  return { name = cut(name, 120), text = text, at = os.time() }
 end
 
 mp.http {
@@ -40,7 +48,7 @@ mp.http {
     res:sendfile(here .. f[1])
   end,
   websocket = {
-    max_msg = 8192,
+    max_msg = 16384,
     on_open = function(ws, req)
       if req.path ~= "/ws" then return ws:close(1008, "the chat is at /ws") end
       ws:subscribe("chat")

@@ -400,6 +400,17 @@ cases.send_close = async () => {
   out({ code: info.code, reason: info.reason, messages: c.messages.map((m) => m.data.toString()) });
 };
 
+// Opens PATH, sends DATA (text), and prints the first N messages that
+// arrive (text, and whether each was binary).
+cases.send_recv = async () => {
+  const [path, data, n] = args;
+  const c = await open(path);
+  await c.send(data, false);
+  await c.count(Number(n), 5000);
+  out({ messages: c.messages.map((m) => ({ data: m.data.toString(), binary: m.isBinary })) });
+  c.ws.close();
+};
+
 (async () => {
   const fn = cases[which];
   if (!fn) throw new Error(`no case ${which}`);
