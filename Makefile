@@ -27,7 +27,8 @@ OBJS    := $(SRCS:%.c=$(OUT)/%.o)
 UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN     := $(OUT)/moonport
 
-.PHONY: all setup test test-unit test-spec test-asan test-tsan bench run clean
+.PHONY: all setup test test-unit test-spec test-asan test-tsan bench run clean \
+        fuzz fuzz-ci fuzz-build test-diff
 all: $(BIN)
 	@if [ "$(VARIANT)" = release ]; then ln -sf release/moonport build/moonport; fi
 
@@ -75,6 +76,38 @@ bench: all
 run: setup
 	@$(MAKE) --no-print-directory all
 	./build/moonport examples/echo.lua
+
+# libFuzzer targets (clang) for the HTTP and WebSocket parsers, run on a
+# scratch copy of fuzz/corpus/; see docs/FUZZING.md.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_CFLAGS  := -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) \
+                -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+                -fno-sanitize-recover=undefined
+FUZZ_BINS    := build/fuzz/fuzz_http1 build/fuzz/fuzz_ws
+
+build/fuzz/fuzz_http1: fuzz/fuzz_http1.c src/http/http1.c src/http/http1.h
+build/fuzz/fuzz_ws: fuzz/fuzz_ws.c src/http/ws.c src/http/ws.h
+$(FUZZ_BINS):
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^)
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: setup fuzz-build
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/run-fuzz
+
+fuzz-ci: setup fuzz-build
+	@FUZZ_SECONDS=20 bash scripts/run-fuzz
+
+# moonport's request parser against Debian's http_parser on every seed.
+build/fuzz/diff_http1: fuzz/diff_http1.c src/http/http1.c src/http/http1.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) -o $@ \
+	  $(filter %.c,$^) -lhttp_parser
+
+test-diff: setup build/fuzz/diff_http1
+	@build/fuzz/diff_http1 fuzz/corpus/http1
 
 clean:
 	rm -rf build

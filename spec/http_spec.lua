@@ -1250,6 +1250,178 @@ describe("mp.http", function()
     end)
   end)
 
+  describe("streamed request bodies (stream_body)", function()
+    local big = binary(3 * 1024 * 1024, 777)
+
+    it("req:read() hands over a large body in pieces (Content-Length and chunked), req.body is nil, keep-alive goes on", function()
+      local _, port = start { "stream_body=1", "max_body=67108864" }
+      local dir = H.tmpdir()
+      write_file(dir .. "/big.bin", big)
+      local base = ("http://127.0.0.1:%d"):format(port)
+      for _, chunked in ipairs { false, true } do
+        local args = { "-i", "--data-binary", "@" .. dir .. "/big.bin", base .. "/read?every=8&ms=1" }
+        if chunked then table.insert(args, 1, "Transfer-Encoding: chunked"); table.insert(args, 1, "-H") end
+        local st, out, err = curl(args)
+        assert.equal(0, st, err)
+        local srd = string_reader(out)
+        local r = assert(srd:response())
+        if r.status == 100 then r = assert(srd:response()) end -- curl sent Expect
+        assert.equal(200, r.status, out:sub(1, 300))
+        assert.is_true(r.body == big, "the body came back different (" .. #r.body .. " bytes)")
+        assert.is_true(tonumber(r.headers["x-chunks"]) > 1, r.headers["x-chunks"])
+        assert.equal("true", r.headers["x-body-nil"])
+      end
+      -- a body read whole leaves the connection for the next request
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, post("/read", "0123456789") .. get("/hello")
+        .. "POST /read HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        .. get("/hello")))
+      assert.equal("0123456789", response(rd).body)
+      assert.equal("hello world\n", response(rd).body)
+      assert.equal("abc", response(rd).body)
+      local last = response(rd)
+      assert.equal("hello world\n", last.body)
+      assert.is_nil(last.headers.connection)
+      -- no body: read() gives nil at once
+      assert.is_true(H.send(c, get("/read")))
+      local r = response(rd)
+      assert.equal("", r.body)
+      assert.equal("0", r.headers["x-chunks"])
+    end)
+
+    it("a handler that doesn't read the body answers with Connection: close; 100-continue goes out only when it reads", function()
+      local _, port = start { "stream_body=1" }
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, post("/noread", ("x"):rep(5000)) .. get("/hello")))
+      local r = response(rd)
+      assert.equal("not read", r.body)
+      assert.equal("close", r.headers.connection)
+      assert.is_true(rd:closes(H.T(5)), "the connection stays open")
+      -- Expect: 100-continue: /read asks for the body, /noread does not
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"))
+      r = response(rd, nil, "interim")
+      assert.equal(100, r.status)
+      assert.is_true(H.send(c, "hello"))
+      assert.equal("hello", response(rd).body)
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /noread HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"))
+      r = response(rd)
+      assert.equal(200, r.status)
+      assert.equal("not read", r.body)
+    end)
+
+    it("limits: a Content-Length over max_body is 413 before on_request; a chunked body that grows past it, a stalled body and a client that leaves end the read with an error", function()
+      local srv, port = start { "stream_body=1", "max_body=1000", "timeout=1" }
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n"))
+      assert.equal(413, response(rd).status)
+      -- chunked past max_body
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        .. "200\r\n" .. ("a"):rep(512) .. "\r\n200\r\n" .. ("b"):rep(512) .. "\r\n"))
+      local r = response(rd)
+      assert.equal(400, r.status)
+      assert.equal("error: too large", r.body)
+      assert.equal("close", r.headers.connection)
+      -- malformed chunked framing
+      c = H.connect(port)
+      rd = reader(c)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"))
+      assert.equal("error: malformed chunked body", response(rd).body)
+      -- stalled: 10 of 100 bytes, then nothing for longer than timeout (1 s)
+      c = H.connect(port)
+      rd = reader(c)
+      local t0 = H.now()
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789"))
+      r = response(rd, { timeout = H.T(10) })
+      assert.equal("error: timeout", r.body)
+      assert.is_true(H.now() - t0 >= 0.9, "timed out after " .. (H.now() - t0) .. " s")
+      -- the client leaves halfway: the waiting read gets "closed"
+      c = H.connect(port)
+      assert.is_true(H.send(c, "POST /read HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123"))
+      H.sleep(0.2)
+      c:close()
+      local stats
+      H.wait_for(function()
+        local st, out = curl { ("http://127.0.0.1:%d/read_stats"):format(port) }
+        if st ~= 0 then return false end
+        stats = cjson.decode(out)
+        return stats.closed == 1
+      end, H.T(5), "a read ended by the client leaving")
+      assert.equal(1, stats.timeout)
+      assert.equal(1, stats["too large"])
+      assert.equal(0, srv:stop())
+    end)
+
+    it("req:read() without stream_body raises (the body is in req.body)", function()
+      local srv, port = start()
+      local st, out = curl { "-i", "-d", "abc", ("http://127.0.0.1:%d/read"):format(port) }
+      assert.equal(0, st)
+      assert.truthy(out:find("^HTTP/1.1 500"), out)
+      H.wait_for(function() return srv:stderr():find("stream_body is off", 1, true) end, H.T(5), "the error in the log")
+    end)
+  end)
+
+  describe("forms, peers and the access log", function()
+    it("req.form joins the query and a urlencoded body (decoded, the body's last value wins); req:peer(), req.conn_id", function()
+      local _, port = start()
+      local url = ("http://127.0.0.1:%d/form?a=1&b=h%%C3%%A9+llo&flag&bad=%%zz"):format(port)
+      local st, out, err = curl { url, "-d", "c=3&a=9;d=x%26y" }
+      assert.equal(0, st, err)
+      local r = cjson.decode(out)
+      assert.same({ a = "9", b = "h\xc3\xa9 llo", flag = "", bad = "%zz", c = "3", d = "x&y" }, r.form)
+      assert.equal("127.0.0.1", r.ip)
+      assert.is_number(r.port)
+      assert.is_true(r.port > 0 and r.port ~= port)
+      assert.is_number(r.conn_id)
+      assert.is_true(r.same)
+      assert.is_true(r.ua_any_case)   -- req.headers looks names up in any case
+      assert.is_true(r.no_header)
+      -- a body of another type is not parsed
+      st, out, err = curl { url, "-H", "Content-Type: text/plain", "-d", "c=3" }
+      assert.equal(0, st, err)
+      r = cjson.decode(out)
+      assert.is_nil(r.form.c)
+      assert.equal("1", r.form.a)
+    end)
+
+    it("--log writes one combined-format line per request, refusals and escapes included", function()
+      local dir = H.tmpdir()
+      local path = dir .. "/access.log"
+      local srv, port = start({}, { options = { "--log", path } })
+      local st, _, err = curl { ("http://127.0.0.1:%d/hello?x=1"):format(port), "-A", 'agent "q"',
+        "-e", "http://ref/" }
+      assert.equal(0, st, err)
+      st = curl { ("http://127.0.0.1:%d/nope"):format(port) }
+      assert.equal(0, st)
+      local c = H.connect(port)
+      H.send(c, "BAD\1LINE\r\n\r\n")
+      H.read_to_eof(c, H.T(5))
+      H.wait_for(function()
+        local t = H.read_file(path) or ""
+        return select(2, t:gsub("\n", "")) >= 3
+      end, H.T(5), "three log lines")
+      local lines = H.lines(H.read_file(path))
+      assert.equal(3, #lines, table.concat(lines, "\n"))
+      assert.truthy(lines[1]:match('^127%.0%.0%.1 %- %- %[%d%d/%a%a%a/%d%d%d%d:%d%d:%d%d:%d%d %+0000%] ' ..
+        '"GET /hello%?x=1 HTTP/1%.1" 200 12 "http://ref/" "agent \\x22q\\x22" %d+%.%d%d%d$'), lines[1])
+      assert.truthy(lines[2]:find('"GET /nope HTTP/1.1" 404 ', 1, true), lines[2])
+      assert.truthy(lines[3]:find('"-" 400 ', 1, true), lines[3])
+      assert.equal(0, srv:stop())
+      -- a log that can't be opened: one line, exit 1
+      local st2, _, err2 = H.run { "--log", dir .. "/no/such/dir/log", H.fixture("http_app.lua"), H.free_port() }
+      assert.equal(1, st2)
+      assert.truthy(H.one_line(err2):find("cannot open the access log", 1, true), err2)
+    end)
+  end)
+
   describe("startup", function()
     it("mp.http without on_request or with a bad option fails at startup with one line", function()
       local port = H.free_port()

@@ -36,6 +36,8 @@ static const char usage[] =
     "                    1: one process, no fork) [MOONPORT_WORKERS]\n"
     "  --redis URL       pub/sub across servers through Redis:\n"
     "                    redis://[:password@]host[:port][/db] [MOONPORT_REDIS]\n"
+    "  --log PATH        an access log of mp.http requests (combined\n"
+    "                    format and the seconds taken; - for stdout)\n"
     "  --pidfile PATH    write the root's pid to PATH\n"
     "  --reload PIDFILE  ask the server with that pid file to reload its\n"
     "                    script (as kill -HUP does), then exit\n"
@@ -60,6 +62,7 @@ typedef struct {
   double lua_timeout; /* seconds a callback may run; 0: no watchdog */
   const char *pidfile;
   const char *redis;   /* --redis URL */
+  const char *log;     /* --log PATH */
   const char *reload;  /* --reload PIDFILE */
   bool watch;
   long max_memory; /* MB, 0: none */
@@ -174,6 +177,11 @@ static int parse_args(int argc, char **argv, options_t *o) {
       v = opt_value(argc, argv, &i, a, skip);
       if (!v || !*v) return -usage_error("%s needs a file name", a) - 1;
       *(skip == 9 ? &o->pidfile : &o->reload) = v;
+    } else if (strncmp(a, "--log", 5) == 0) {
+      if (a[5] && a[5] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, 5);
+      if (!v || !*v) return -usage_error("%s needs a file name (or -)", a) - 1;
+      o->log = v;
     } else if (strcmp(a, "--watch") == 0) {
       o->watch = true;
     } else if (strncmp(a, "--max-memory", 12) == 0) {
@@ -745,6 +753,16 @@ int main(int argc, char **argv) {
   pthread_mutex_init(&srv.listen_lock, NULL);
   pthread_mutex_init(&srv.ipc_lock, NULL);
   srv.ipc_fd = -1;
+  srv.access_fd = -1;
+  if (o.log) {
+    srv.access_fd = strcmp(o.log, "-") == 0
+                        ? STDOUT_FILENO
+                        : open(o.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (srv.access_fd < 0) {
+      log_error("cannot open the access log %s: %s", o.log, strerror(errno));
+      return 1;
+    }
+  }
   if (new_wake_fd(&srv)) return 1;
   return srv.nworkers > 1 ? run_root(&srv, o.watch) : run_lanes(&srv, -1);
 }

@@ -67,6 +67,26 @@ static inline size_t http__content_end(const char *buf, size_t start,
   return nl > start && buf[nl - 1] == '\r' ? nl - 1 : nl;
 }
 
+/* RFC 9112 3.2: origin-form ("/..."), absolute-form ("scheme://..."),
+ * authority-form for CONNECT, "*" for OPTIONS. */
+static bool http__target_ok(const http_request_t *r) {
+  const char *t = r->target;
+  size_t n = r->target_len;
+  if (r->method_len == 7 && memcmp(r->method, "CONNECT", 7) == 0)
+    return memchr(t, ':', n) != NULL && !memchr(t, '/', n);
+  if (t[0] == '/') return true;
+  if (r->method_len == 7 && memcmp(r->method, "OPTIONS", 7) == 0 && n == 1 &&
+      t[0] == '*')
+    return true;
+  /* scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) then "://" */
+  size_t i = 0;
+  while (i < n && (((t[i] | 0x20) >= 'a' && (t[i] | 0x20) <= 'z') ||
+                   (i > 0 && ((t[i] >= '0' && t[i] <= '9') || t[i] == '+' ||
+                              t[i] == '-' || t[i] == '.'))))
+    i++;
+  return i > 0 && n - i > 3 && memcmp(t + i, "://", 3) == 0;
+}
+
 static int http__request_line(const char *s, size_t n, http_request_t *req) {
   size_t i = 0;
   while (i < n && http_tchar[(unsigned char)s[i]]) i++;
@@ -78,6 +98,7 @@ static int http__request_line(const char *s, size_t n, http_request_t *req) {
   if (i == t || i >= n || s[i] != ' ') return HTTP_BAD;
   req->target = s + t;
   req->target_len = (uint32_t)(i - t);
+  if (!http__target_ok(req)) return HTTP_BAD;
   i++;
   if (n - i != 8 || memcmp(s + i, "HTTP/", 5) != 0) return HTTP_BAD;
   char major = s[i + 5], dot = s[i + 6], minor = s[i + 7];
@@ -225,10 +246,8 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
         c->state = CH_EXT;
       } else if (ch == '\r') {
         c->state = CH_SIZE_LF;
-      } else if (ch == '\n') {
-        goto size_done;
       } else {
-        return HTTP_BAD;
+        return HTTP_BAD; /* a bare LF too: chunk framing is CRLF only */
       }
       i++;
       break;
@@ -236,13 +255,11 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
     case CH_EXT:
       if (++c->line > HTTP_MAX_SIZE_LINE) return HTTP_BAD;
       if (ch == '\r') c->state = CH_SIZE_LF;
-      else if (ch == '\n') goto size_done;
       else if (ch < ' ' && ch != '\t') return HTTP_BAD;
       i++;
       break;
     case CH_SIZE_LF:
       if (ch != '\n') return HTTP_BAD;
-    size_done:
       i++;
       c->line = 0;
       c->state = c->left ? CH_DATA : CH_TRAILER;
@@ -257,9 +274,8 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
       break;
     }
     case CH_DATA_CR:
-      if (ch == '\r') c->state = CH_DATA_LF;
-      else if (ch == '\n') c->state = CH_SIZE;
-      else return HTTP_BAD;
+      if (ch != '\r') return HTTP_BAD;
+      c->state = CH_DATA_LF;
       i++;
       break;
     case CH_DATA_LF:
@@ -271,7 +287,7 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
       if (ch == '\r') {
         c->state = CH_END_LF;
       } else if (ch == '\n') {
-        c->state = CH_DONE;
+        return HTTP_BAD;
       } else {
         c->state = CH_TRAILER_LINE;
         continue; /* the same byte starts the line */
@@ -281,7 +297,7 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
     case CH_TRAILER_LINE:
       if (++c->trailers > c->max_trailers) return HTTP_BAD;
       if (ch == '\r') c->state = CH_TRAILER_LF;
-      else if (ch == '\n') c->state = CH_TRAILER;
+      else if (ch == '\n') return HTTP_BAD;
       i++;
       break;
     case CH_TRAILER_LF:

@@ -80,6 +80,7 @@ void ws_accept_key(const char *key, size_t len, char out[29]) {
 /* ---- UTF-8 ---- */
 
 bool ws_utf8_valid(const char *s, size_t n) {
+  if (n == 0) return true; /* s may be NULL */
   const unsigned char *p = (const unsigned char *)s, *end = p + n;
   while (p < end) {
     /* ASCII runs, eight bytes at a time */
@@ -265,5 +266,6 @@ ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev) {
   ev->opcode = mop;
   ev->data = r->msg ? r->msg : "";
   ev->len = r->msg_len;
+  if (!r->msg) ev->data = "";
   return used;
 }

@@ -123,6 +123,7 @@ struct lx_server {
   struct redis_engine *engine;
   reactor_t *engine_r;
   bool exiting;       /* root: freeing everything; retired lanes wait */
+  int access_fd;      /* --log: one line per HTTP request, or -1 */
 };
 
 /* Everything in a lane belongs to the lane's thread (after start-up, which
@@ -376,6 +377,8 @@ typedef struct lx_ws_cfg lx_ws_cfg_t;
 /* mp.http's `websocket` table at idx: handlers and max_msg (raises on
  * bad values). Freed by lx_ws_cfg_free. */
 lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx);
+/* Only the checks of lx_ws_cfg_new (raises on bad values). */
+void lx_ws_cfg_check(lua_State *L, int idx);
 void lx_ws_cfg_free(lua_State *L, lx_ws_cfg_t *cfg);
 /* Registers the websocket and sse metatables in L. */
 void lx_ws_open(lua_State *L, lx_lane_t *ln);

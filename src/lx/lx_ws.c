@@ -43,6 +43,8 @@ struct lx_stream {
   bool close_sent; /* our close frame is out */
   bool close_got;  /* the peer's close frame came */
   bool pinged;     /* idle once already: a ping went out */
+  uint64_t close_by; /* close_sent by ws:close: the peer's answer is due
+                        then, whatever else it sends */
   int code;        /* for on_close: the close code seen or sent */
   size_t reason_len;
   char reason[124];
@@ -71,8 +73,8 @@ static int lx__fn_ref(lua_State *L, int idx, const char *name) {
   return luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
-  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+/* Raises on a bad websocket table; returns max_msg. */
+static size_t lx__ws_check(lua_State *L, int idx) {
   if (!lua_istable(L, idx))
     luaL_error(L, "mp.http: websocket must be a table of handlers (got %s)",
                luaL_typename(L, idx));
@@ -95,9 +97,19 @@ lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
     lua_pop(L, 1);
     if (bad) lx__fn_ref(L, idx, names[i]); /* raises */
   }
+  return (size_t)max;
+}
+
+void lx_ws_cfg_check(lua_State *L, int idx) {
+  lx__ws_check(L, idx < 0 ? lua_gettop(L) + idx + 1 : idx);
+}
+
+lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  size_t max = lx__ws_check(L, idx);
   lx_ws_cfg_t *cfg = malloc(sizeof(*cfg));
   if (!cfg) luaL_error(L, "out of memory");
-  cfg->max_msg = (size_t)max;
+  cfg->max_msg = max;
   cfg->on_open = lx__fn_ref(L, idx, "on_open");
   cfg->on_message = lx__fn_ref(L, idx, "on_message");
   cfg->on_ready = lx__fn_ref(L, idx, "on_ready");
@@ -189,7 +201,7 @@ static void lx__ws_send_close(conn_t *c, lx_stream_t *st, int code,
     p[0] = (char)(code >> 8);
     p[1] = (char)code;
     if (rlen > 123) rlen = 123;
-    memcpy(p + 2, reason, rlen);
+    if (rlen) memcpy(p + 2, reason, rlen);
     n = 2 + rlen;
   }
   lx__ws_frame(c, WS_CLOSE, p, n, NULL, 0, st->ln);
@@ -248,8 +260,8 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st) {
     }
     st->off += (size_t)n;
     switch (ev.opcode) {
-    case WS_PING:
-      if (!st->close_sent) lx__ws_frame(c, WS_PONG, ev.data, ev.len, NULL, 0, st->ln);
+    case WS_PING: /* answered until the peer's close (RFC 6455 5.5.2) */
+      lx__ws_frame(c, WS_PONG, ev.data, ev.len, NULL, 0, st->ln);
       break;
     case WS_CLOSE:
       st->close_got = true;
@@ -284,6 +296,14 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st) {
 void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
   if (st->kind != LX_KIND_WS || st->close_got) return; /* SSE: ignored */
   st->pinged = false;
+  if (st->close_by) { /* reading resets the idle clock: keep the deadline */
+    uint64_t now = reactor_now(st->ln->r);
+    if (now >= st->close_by) {
+      reactor_conn_close(c, CONN_TIMEOUT);
+      return;
+    }
+    reactor_conn_set_timeout(c, (uint32_t)(st->close_by - now));
+  }
   /* One frame of the largest message, a control frame, and what one read
    * brings past them. */
   size_t limit = st->rd.max_msg + 2 * WS_MAX_HEAD + 125 + 65536;
@@ -495,6 +515,7 @@ static int lx_ws_close(lua_State *L) {
   st->reason_len = rl;
   memcpy(st->reason, reason, rl);
   reactor_conn_set_timeout(c, LX_WS_CLOSE_WAIT_MS);
+  st->close_by = reactor_now(st->ln->r) + LX_WS_CLOSE_WAIT_MS;
   return 0;
 }
 
