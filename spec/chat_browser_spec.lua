@@ -4,7 +4,7 @@
 -- pages driven by playwright-core (spec/node/chat_browser.js), on
 -- different workers, chat through it both ways, and again after every
 -- worker was killed (the page reconnects by itself). The same browser checks EventSource reconnecting with
--- Last-Event-ID against spec/fixtures/ws_app.lua.
+-- Last-Event-ID against spec/fixtures/ws_node_app.lua.
 local H = require "spec.helper"
 local JS = require "spec.js"
 local ffi = require "ffi"
@@ -113,9 +113,9 @@ describe("examples/chat:", function()
     assert(not why, why)
     assert(H.exists("/usr/bin/chromium"), "no /usr/bin/chromium (scripts/setup installs it)")
     local srv, port = start_chat()
-    -- the SSE page: ws_app.lua, one process
+    -- the SSE page: ws_node_app.lua, one process
     local sse_port = H.free_port()
-    H.start("ws_app.lua", { args = { sse_port }, wait_port = sse_port })
+    H.start("ws_node_app.lua", { args = { sse_port }, wait_port = sse_port })
 
     local go = H.tmpdir() .. "/go"
     local p = H.spawn({ JS.node, JS.dir .. "/chat_browser.js", tostring(port), go, tostring(sse_port) },

@@ -1,11 +1,11 @@
 -- Spec: mp.http's WebSocket side, proven with a client we did not write:
 -- the npm `ws` package, driven by spec/node/ws_cases.js against
--- spec/fixtures/ws_app.lua (paths listed there). The node script prints
+-- spec/fixtures/ws_node_app.lua (paths listed there). The node script prints
 -- what it saw as JSON lines; every assertion is made here.
 local H = require "spec.helper"
 local JS = require "spec.js"
 
-local FIXTURE = "ws_app.lua"
+local FIXTURE = "ws_node_app.lua"
 local started = {}
 
 -- Starts the fixture on a free port. opts.workers: -w N; opts.nows: no

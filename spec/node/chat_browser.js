@@ -9,7 +9,7 @@
 // 2. It prints {"step":"drop me"} and waits for GO_FILE to exist (the spec
 //    kills the workers meanwhile); both pages must reconnect by themselves
 //    and chat again ({"step":"after reconnect", ...}).
-// 3. With SSE_PORT: a third page's EventSource on ws_app.lua's /sse/page,
+// 3. With SSE_PORT: a third page's EventSource on ws_node_app.lua's /sse/page,
 //    which reconnects after the server closes the stream; its title lists
 //    what arrived ({"step":"sse", title}).
 // Ends with {"done":true}; an error prints {"error": ...} and exits 1.

@@ -1,6 +1,6 @@
 'use strict';
 // WebSocket cases for spec/ws_node_spec.lua, run with the npm `ws` client
-// against spec/fixtures/ws_app.lua:
+// against spec/fixtures/ws_node_app.lua:
 //   node ws_cases.js PORT CASE [ARGS...]
 // Each case prints JSON lines (one object each) that the spec asserts on,
 // and ends with {"done":true}. Nothing is judged here beyond what a line
