@@ -379,7 +379,9 @@ cases.many = async () => {
 cases.flood = async () => {
   const [n, size] = args.map(Number);
   const c = new Client(`/flood?n=${n}&size=${size}`);
-  c.ws.pause(); // let the server's queue fill up
+  // stop reading as soon as it is open (pause() does nothing before), so
+  // that the server's queue fills up
+  c.ws.on('open', () => c.ws.pause());
   await withTimeout(c.opened, 5000, 'open');
   await new Promise((r) => setTimeout(r, 300));
   c.ws.resume();
