@@ -211,6 +211,25 @@ describe("WebSocket, with the npm ws client:", function()
     assert.same({ "a1", "b1" }, r.got)
   end)
 
+  it("a graceful shutdown (SIGTERM, -w 2) closes every socket with 1001", function()
+    local srv, port = start { workers = 2 }
+    local p = H.spawn({ JS.node, JS.dir .. "/ws_cases.js", tostring(port), "hold", "/echo", "20" },
+      { env = JS.env })
+    p.sanitizer_checked = true
+    H.wait_for(function() return p:stdout():find('"opened":20', 1, true) or not p:alive() end,
+      H.T(10), "20 sockets open")
+    assert.equal(0, (srv:stop()), srv:describe())
+    assert.equal(0, p:wait_exit(H.T(10)), p:stdout() .. p:stderr())
+    local rows = {}
+    for _, l in ipairs(H.lines(p:stdout())) do rows[#rows + 1] = require("cjson").decode(l) end
+    local codes = assert(JS.find(rows, "done", true) and rows[#rows - 1].codes, p:stdout())
+    local n, other = 0, {}
+    for k, v in pairs(codes) do
+      if k:match("^1001 ") then n = n + v else other[#other + 1] = k end
+    end
+    assert.equal(20, n, "closed otherwise: " .. table.concat(other, ", "))
+  end)
+
   it("200 clients at once, each with 50 messages back to back: every echo, in order", function()
     local srv, port = start()
     local r = case(srv, port, "many", 200, 50)[1]

@@ -413,6 +413,18 @@ cases.send_recv = async () => {
   c.ws.close();
 };
 
+// Opens N sockets on PATH, prints {"opened":N}, then how each was closed
+// (for a server shutdown).
+cases.hold = async () => {
+  const [path, n] = args;
+  const cs = await Promise.all(Array.from({ length: Number(n) }, () => open(path)));
+  out({ opened: cs.length });
+  const infos = await Promise.all(cs.map((c) => withTimeout(c.closed, 15000, 'the close')));
+  const codes = {};
+  for (const i of infos) codes[`${i.code} ${i.reason}`] = (codes[`${i.code} ${i.reason}`] || 0) + 1;
+  out({ codes });
+};
+
 (async () => {
   const fn = cases[which];
   if (!fn) throw new Error(`no case ${which}`);
