@@ -230,6 +230,29 @@ describe("WebSocket, with the npm ws client:", function()
     assert.equal(20, n, "closed otherwise: " .. table.concat(other, ", "))
   end)
 
+  it("ws:subscribe without fn: a table arrives as its JSON (text), bytes that are not UTF-8 as binary, UTF-8 as text", function()
+    local srv, port = start()
+    local got = case(srv, port, "sub_kinds")[1].got
+    local function unhex(h) return (h:gsub("%x%x", function(x) return string.char(tonumber(x, 16)) end)) end
+    assert.equal(3, #got)
+    assert.is_false(got[1].binary)
+    assert.same({ n = 1, s = "ü", list = { true, "x" } }, require("cjson").decode(unhex(got[1].hex)))
+    assert.same({ hex = "fffe31", binary = true }, got[2])
+    assert.same({ hex = "c3bc31", binary = false }, got[3])
+  end)
+
+  it("ws:subscribe without fn: a subscriber that stops reading is disconnected past max_queue, having had 1..k with no gap; one that reads gets all", function()
+    local srv, port = start()
+    local r = case(srv, port, "sub_slow", 128, 262144)[1]
+    assert.equal(128, r.fast, "the reading subscriber got every message")
+    assert.is_true(r.fast_in_order)
+    assert.is_true(r.fast_open)
+    assert.is_true(r.slow < 128, "the stalled subscriber can't have had all (" .. r.slow .. ")")
+    assert.is_true(r.slow_gapless, "no gap in what the stalled one got")
+    assert.is_true(r.slow_sizes)
+    assert.are_not.equal(1000, r.slow_close)
+  end)
+
   it("200 clients at once, each with 50 messages back to back: every echo, in order", function()
     local srv, port = start()
     local r = case(srv, port, "many", 200, 50)[1]

@@ -348,6 +348,44 @@ cases.glob = async () => {
   c.ws.close();
 };
 
+// What the C path sends for a table (its JSON, as text) and for bytes that
+// are not UTF-8 (binary).
+cases.sub_kinds = async () => {
+  const c = await open('/sub?ch=kinds');
+  await c.next(5000, 'ready');
+  await get('/publish_table?ch=kinds');
+  await get('/publish?ch=kinds&n=1&p=%FF%FE');
+  await get('/publish?ch=kinds&n=1&p=%C3%BC');
+  await c.count(3, 3000).catch(() => {});
+  out({ got: c.messages.map((m) => ({ hex: m.data.toString('hex'), binary: m.isBinary })) });
+  c.ws.close();
+};
+
+// A subscriber that stops reading while N messages of SIZE bytes are
+// published (one every 5 ms: more than max_queue in all), and one that
+// keeps reading: what each received (the slow one's messages must be 1..k
+// with no gap).
+cases.sub_slow = async () => {
+  const [n, size] = args.map(Number);
+  const slow = await open('/sub?ch=big');
+  const fast = await open('/sub?ch=big');
+  await slow.next(5000, 'ready'); await fast.next(5000, 'ready');
+  slow.ws.pause();
+  const pub = await get(`/publish_big?ch=big&n=${n}&size=${size}&ms=5`);
+  await fast.count(n, 15000).catch(() => {});
+  await new Promise((r) => setTimeout(r, 300 * SCALE));
+  slow.ws.resume();
+  const info = await withTimeout(slow.closed, 10000, 'the slow subscriber closed');
+  const idx = (c) => c.messages.map((m) => Number(m.data.subarray(0, 6).toString()));
+  const sidx = idx(slow);
+  const gapless = sidx.every((v, i) => v === i + 1);
+  const fidx = idx(fast);
+  out({ pub: pub.body, fast: fidx.length, fast_in_order: fidx.every((v, i) => v === i + 1),
+    slow: sidx.length, slow_gapless: gapless, slow_sizes: slow.messages.every((m) => m.data.length === size),
+    slow_close: info.code, fast_open: fast.ws.readyState === 1 });
+  fast.ws.close();
+};
+
 // N clients at once, each sending M messages back to back and checking
 // that the echoes come back complete and in order.
 cases.many = async () => {
