@@ -1,12 +1,19 @@
 -- HTTP server for the benchmark harness (scripts/bench-http).
--- usage: moonport -w 1 -t 1 bench/http.lua [port]   (port defaults to 3003)
+-- usage: moonport -w 1 -t 1 bench/http.lua [port [public_dir]]   (port defaults to 3003)
 --   GET /json -> {"message":"Hello, World!","n":1,"ok":true} (application/json, cjson)
---   anything else -> "Hello World" (text/plain)
+--   a file under public_dir (when given) -> served from C by mp.http's `public`
+--     (the benchmark's static endpoint: GET /static/1k.txt)
+--   anything else -> "Hello World" (text/plain); with public_dir, "/" and "/json"
+--     name no file there, so they fall through to on_request
 local mp = require "moonport"
+
+local public = mp.args[2]
+if public == "" then public = nil end
 
 mp.http {
   port = tonumber(mp.args[1]) or 3003,
   address = "127.0.0.1",
+  public = public,
   on_request = function(req, res)
     if req.path == "/json" then
       return res:json { message = "Hello, World!", n = 1, ok = true }
