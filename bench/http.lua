@@ -3,8 +3,9 @@
 --   GET /json -> {"message":"Hello, World!","n":1,"ok":true} (application/json, cjson)
 --   a file under public_dir (when given) -> served from C by mp.http's `public`
 --     (the benchmark's static endpoint: GET /static/1k.txt)
---   anything else -> "Hello World" (text/plain); with public_dir, "/" and "/json"
---     name no file there, so they fall through to on_request
+--   anything else -> "Hello World" (text/plain); `public_prefix = "/static/"`
+--     keeps "/" and "/json" away from the folder (no file lookup), as nginx's
+--     `location /static/` does
 local mp = require "moonport"
 
 local public = mp.args[2]
@@ -14,6 +15,7 @@ mp.http {
   port = tonumber(mp.args[1]) or 3003,
   address = "127.0.0.1",
   public = public,
+  public_prefix = public and "/static/" or nil,
   on_request = function(req, res)
     if req.path == "/json" then
       return res:json { message = "Hello, World!", n = 1, ok = true }
