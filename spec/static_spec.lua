@@ -66,10 +66,10 @@ local function read(path) return assert(H.read_file(path)) end
 
 -- Starts static_app.lua on a fresh port serving `pub` (with on_request
 -- unless noapp).
-local function start(pub, noapp)
+local function start(pub, noapp, prefix)
   local port = H.free_port()
   local srv = H.start("static_app.lua", {
-    args = { port, pub, noapp and "noapp" or nil }, wait_port = port })
+    args = { port, pub, noapp and "noapp" or "app", prefix }, wait_port = port })
   return srv, port
 end
 
@@ -282,6 +282,23 @@ describe("static files (mp.http public)", function()
       assert.same({ 200, "app GET /noindex/?" }, { r.status, r.body })
       r = curl { url(port, "/notes.txt/") }              -- a file is not a folder
       assert.same({ 200, "app GET /notes.txt/?" }, { r.status, r.body })
+    end)
+
+    it("public_prefix: only paths under it are looked up; the rest go to on_request", function()
+      local _, pub = tree()
+      local _, port = start(pub, false, "/sub/")
+      local r = curl { url(port, "/sub/page.txt") }
+      assert.equal(200, r.status)
+      assert.equal(read(pub .. "/sub/page.txt"), r.body)
+      assert.is_nil(r.headers["x-app"])
+      r = curl { url(port, "/notes.txt") }               -- a file, but outside the prefix
+      assert.same({ 200, "app GET /notes.txt?", "1" }, { r.status, r.body, r.headers["x-app"] })
+      r = curl { url(port, "/") }
+      assert.same({ 200, "app GET /?" }, { r.status, r.body })
+      -- a bad prefix is refused at startup
+      local st, _, err = H.run { H.fixture("static_app.lua"), H.free_port(), pub, "app", "static" }
+      assert.equal(1, st)
+      assert.truthy(H.one_line(err):find("public_prefix must be a path that starts with /", 1, true), err)
     end)
 
     it("without on_request: 404 for nothing, 405 with Allow for another method on a file", function()

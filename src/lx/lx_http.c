@@ -31,6 +31,8 @@ typedef struct {
                      websocket is given) */
   lx_ws_cfg_t *ws; /* websocket handlers, or NULL */
   int public_fd;   /* the public folder (static files), -1 if none */
+  char public_prefix[128]; /* only paths that start with it look there */
+  size_t public_prefix_len;
   size_t max_header, max_body;
   uint32_t header_timeout_ms, idle_ms;
   bool stream_body; /* on_request runs at the head; req:read() the body */
@@ -1630,6 +1632,10 @@ static bool lx__static(conn_t *c, lx_hconn_t *hc) {
   const char *path, *query;
   size_t plen, qlen;
   http_static_split(r->target, r->target_len, &path, &plen, &query, &qlen);
+  if (cfg->public_prefix_len &&
+      (plen < cfg->public_prefix_len ||
+       memcmp(path, cfg->public_prefix, cfg->public_prefix_len) != 0))
+    return false; /* outside public_prefix: not a file, no system call */
   /* room after the path for "/index.html" and then ".gz" */
   char rel[LX_STATIC_PATH_MAX + 16];
   ssize_t n = http_static_path(path, plen, rel, LX_STATIC_PATH_MAX);
@@ -1724,6 +1730,17 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
     luaL_error(L, "mp.http: public must be a string (got %s)",
                luaL_typename(L, -1));
   bool has_public = !lua_isnil(L, -1);
+  lua_getfield(L, idx, "public_prefix");
+  size_t prefix_len = 0;
+  const char *prefix = lua_tolstring(L, -1, &prefix_len);
+  if (!lua_isnil(L, -1) &&
+      (lua_type(L, -1) != LUA_TSTRING || prefix_len == 0 || prefix[0] != '/' ||
+       prefix_len >= sizeof(((lx_http_cfg_t *)0)->public_prefix) || !has_public))
+    luaL_error(L, "mp.http: public_prefix must be a path that starts with / "
+                  "(under 128 bytes), given with public");
+  char prefix_copy[128] = {0};
+  if (prefix) memcpy(prefix_copy, prefix, prefix_len);
+  lua_pop(L, 1);
   lua_getfield(L, idx, "on_request");
   lua_getfield(L, idx, "websocket");
   bool has_ws = !lua_isnil(L, -1);
@@ -1780,6 +1797,8 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   cfg->idle_ms = (uint32_t)(idle * 1000);
   cfg->stream_body = stream_body;
   cfg->public_fd = public_fd;
+  memcpy(cfg->public_prefix, prefix_copy, sizeof(prefix_copy));
+  cfg->public_prefix_len = prefix ? prefix_len : 0;
   lua_getfield(L, idx, "on_request");
   cfg->on_request = lua_isnil(L, -1) ? (lua_pop(L, 1), LUA_NOREF)
                                      : luaL_ref(L, LUA_REGISTRYINDEX);
