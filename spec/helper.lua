@@ -642,6 +642,56 @@ function H.start(script, opts)
   return srv
 end
 
+--- The start and cleanup functions of a spec that serves one fixture on
+--- fresh ports: `local start, cleanup = H.fixture_servers("app.lua")`.
+--   start(extra, sopts)  H.start(fixture) on H.free_port(), waiting for the
+--                        port; returns the server and the port
+--     extra          script arguments after the port
+--     sopts.threads / sopts.options / sopts.env   as for H.start
+--     sopts.workers  -w N (before sopts.options)
+--   cleanup()            for after_each: SIGKILLs the still-running worker
+--                        children (their command line names the fixture)
+--                        of every server start made, then H.cleanup(),
+--                        which kills the roots
+--   track(srv)           (third result) has cleanup treat a server started
+--                        otherwise as one of start's
+function H.fixture_servers(fixture)
+  local started = {}
+  local function track(srv)
+    started[#started + 1] = srv
+    return srv
+  end
+  local function start(extra, sopts)
+    sopts = sopts or {}
+    local port = H.free_port()
+    local args = { port }
+    for _, a in ipairs(extra or {}) do args[#args + 1] = a end
+    local options = sopts.options
+    if sopts.workers then
+      options = { "-w", sopts.workers }
+      for _, o in ipairs(sopts.options or {}) do options[#options + 1] = o end
+    end
+    local srv = H.start(fixture, {
+      args = args, wait_port = port, threads = sopts.threads,
+      options = options, env = sopts.env,
+    })
+    return track(srv), port
+  end
+  local function cleanup()
+    for _, srv in ipairs(started) do
+      if srv:alive() then
+        for _, pid in ipairs(H.children(srv:pid())) do
+          local cl = H.cmdline(pid)
+          if cl and cl:find(fixture, 1, true) then C.kill(pid, H.SIGKILL) end
+        end
+      end
+    end
+    started = {}
+    H.cleanup()
+  end
+  return start, cleanup, track
+end
+
 --- Runs the binary with exactly these arguments (no -t added) to
 --- completion. Returns status, stdout, stderr, how. Raises if it does not
 --- exit within `timeout` or printed a sanitizer report.

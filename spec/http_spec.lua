@@ -11,36 +11,11 @@ local CURL = "/usr/bin/curl"
 -- Servers
 ---------------------------------------------------------------------------
 
-local started = {}    -- roots started by this file (their workers die with them)
-
--- Starts http_app.lua on a fresh port; `extra` are key=value mp.http
--- options; sopts.threads / sopts.options / sopts.env go to H.start.
-local function start(extra, sopts)
-  sopts = sopts or {}
-  local port = H.free_port()
-  local args = { port }
-  for _, a in ipairs(extra or {}) do args[#args + 1] = a end
-  local srv = H.start("http_app.lua", {
-    args = args, wait_port = port, threads = sopts.threads,
-    options = sopts.options, env = sopts.env,
-  })
-  started[#started + 1] = srv
-  return srv, port
-end
-
-local function cleanup()
-  -- workers of a -w root: SIGKILL them too, the root is killed by H.cleanup
-  for _, srv in ipairs(started) do
-    if srv:alive() then
-      for _, pid in ipairs(H.children(srv:pid())) do
-        local cl = H.cmdline(pid)
-        if cl and cl:find("http_app.lua", 1, true) then require("ffi").C.kill(pid, H.SIGKILL) end
-      end
-    end
-  end
-  started = {}
-  H.cleanup()
-end
+-- start(extra, sopts): http_app.lua on a fresh port; `extra` are key=value
+-- mp.http options; sopts.threads / sopts.options / sopts.env go to H.start.
+-- cleanup() also kills the servers' workers; track(srv) adds a server
+-- started otherwise (see H.fixture_servers).
+local start, cleanup, track = H.fixture_servers("http_app.lua")
 
 ---------------------------------------------------------------------------
 -- Parsing responses (from a socket or from a string such as curl -i output)
@@ -415,8 +390,7 @@ describe("mp.http", function()
 
     it("serves on a Unix socket (path=)", function()
       local path = H.tmpdir() .. "/http.sock"
-      local srv = H.start("http_app.lua", { args = { path }, wait_path = path })
-      started[#started + 1] = srv
+      local srv = track(H.start("http_app.lua", { args = { path }, wait_path = path }))
       local st, out, err = curl { "--unix-socket", path, "http://localhost/hello" }
       assert.equal(0, st, err)
       assert.equal("hello world\n", out)

@@ -70,6 +70,14 @@ function JS.run(script, args, timeout, srv)
   return rows
 end
 
+--- The keys of `t` (a decoded JSON object) as strings, sorted.
+function JS.keys(t)
+  local k = {}
+  for key in pairs(t) do k[#k + 1] = tostring(key) end
+  table.sort(k)
+  return k
+end
+
 --- The first row whose field `k` equals `v`.
 function JS.find(rows, k, v)
   for _, r in ipairs(rows) do

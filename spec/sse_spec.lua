@@ -7,41 +7,11 @@ local H = require "spec.helper"
 local JS = require "spec.js"
 
 local FIXTURE = "ws_node_app.lua"
-local started = {}
-
-local function start(opts)
-  opts = opts or {}
-  local port = H.free_port()
-  local srv = H.start(FIXTURE, {
-    args = { port }, wait_port = port,
-    options = opts.workers and { "-w", opts.workers } or nil,
-  })
-  started[#started + 1] = srv
-  return srv, port
-end
-
-local function cleanup()
-  for _, srv in ipairs(started) do
-    if srv:alive() then
-      for _, pid in ipairs(H.children(srv:pid())) do
-        local cl = H.cmdline(pid)
-        if cl and cl:find(FIXTURE, 1, true) then require("ffi").C.kill(pid, H.SIGKILL) end
-      end
-    end
-  end
-  started = {}
-  H.cleanup()
-end
+-- start(extra, { workers = N }) -> srv, port; cleanup() (H.fixture_servers)
+local start, cleanup = H.fixture_servers(FIXTURE)
 
 local function case(srv, port, name, ...)
   return JS.run("sse_cases.js", { port, name, ... }, 20, srv)
-end
-
-local function keys(t)
-  local k = {}
-  for key in pairs(t) do k[#k + 1] = tostring(key) end
-  table.sort(k)
-  return k
 end
 
 local null = require("cjson").null
@@ -66,18 +36,18 @@ describe("SSE, with node's http client:", function()
   end)
 
   it("sse:subscribe(ch) with -w 2: every stream, on both workers, gets every message in order", function()
-    local srv, port = start { workers = 2 }
+    local srv, port = start(nil, { workers = 2 })
     local rows = case(srv, port, "subscribe", "/sse/sub", 20, "ssenews", 40)
-    assert.same({ "1", "2" }, keys(rows[1].workers), "streams on both workers")
+    assert.same({ "1", "2" }, JS.keys(rows[1].workers), "streams on both workers")
     local want = {}
     for i = 1, 40 do want[#want + 1] = "message:s" .. i end
     assert.same({ [table.concat(want, ",")] = 20 }, rows[2].sequences)
   end)
 
   it("sse:subscribe(ch, fn): fn runs for every message, in order", function()
-    local srv, port = start { workers = 2 }
+    local srv, port = start(nil, { workers = 2 })
     local rows = case(srv, port, "subscribe", "/sse/subfn", 20, "ssefn", 20)
-    assert.same({ "1", "2" }, keys(rows[1].workers), "streams on both workers")
+    assert.same({ "1", "2" }, JS.keys(rows[1].workers), "streams on both workers")
     local want = {}
     for i = 1, 20 do want[#want + 1] = "pub:fn:s" .. i end
     assert.same({ [table.concat(want, ",")] = 20 }, rows[2].sequences)

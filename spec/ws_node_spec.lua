@@ -6,46 +6,13 @@ local H = require "spec.helper"
 local JS = require "spec.js"
 
 local FIXTURE = "ws_node_app.lua"
-local started = {}
-
--- Starts the fixture on a free port. opts.workers: -w N; opts.nows: no
--- websocket table.
-local function start(opts)
-  opts = opts or {}
-  local port = H.free_port()
-  local srv = H.start(FIXTURE, {
-    args = { port, opts.nows and "nows" or nil },
-    wait_port = port,
-    options = opts.workers and { "-w", opts.workers } or nil,
-  })
-  started[#started + 1] = srv
-  return srv, port
-end
-
-local function cleanup()
-  -- a -w root's workers: SIGKILL them too (H.cleanup kills the root)
-  for _, srv in ipairs(started) do
-    if srv:alive() then
-      for _, pid in ipairs(H.children(srv:pid())) do
-        local cl = H.cmdline(pid)
-        if cl and cl:find(FIXTURE, 1, true) then require("ffi").C.kill(pid, H.SIGKILL) end
-      end
-    end
-  end
-  started = {}
-  H.cleanup()
-end
+-- start(extra, { workers = N }) -> srv, port, with extra { "nows" } for no
+-- websocket table; cleanup() (H.fixture_servers)
+local start, cleanup = H.fixture_servers(FIXTURE)
 
 -- Runs a case of ws_cases.js against `port`; returns its rows.
 local function case(srv, port, name, ...)
   return JS.run("ws_cases.js", { port, name, ... }, 25, srv)
-end
-
-local function keys(t)
-  local k = {}
-  for key in pairs(t) do k[#k + 1] = tostring(key) end
-  table.sort(k)
-  return k
 end
 
 describe("WebSocket, with the npm ws client:", function()
@@ -173,7 +140,7 @@ describe("WebSocket, with the npm ws client:", function()
   end)
 
   it("without a websocket table, an upgrade request is an ordinary request: on_request answers it", function()
-    local srv, port = start { nows = true }
+    local srv, port = start { "nows" }
     local rows = case(srv, port, "refused")
     local r = rows[1]
     assert.is_false(r.opened)
@@ -184,9 +151,9 @@ describe("WebSocket, with the npm ws client:", function()
   end)
 
   it("ws:subscribe(ch) with -w 2: every client, on both workers, gets every message in order, from an HTTP request and from a timer", function()
-    local srv, port = start { workers = 2 }
+    local srv, port = start(nil, { workers = 2 })
     local rows = case(srv, port, "subscribe", "/sub", 40, "news", 50)
-    assert.same({ "1", "2" }, keys(rows[1].workers), "clients on both workers")
+    assert.same({ "1", "2" }, JS.keys(rows[1].workers), "clients on both workers")
     local r = rows[2]
     assert.equal("published 50", r.pub.body)
     local want = {}
@@ -196,9 +163,9 @@ describe("WebSocket, with the npm ws client:", function()
   end)
 
   it("ws:subscribe(ch, fn) with -w 2: fn runs for every message, in order, on both workers", function()
-    local srv, port = start { workers = 2 }
+    local srv, port = start(nil, { workers = 2 })
     local rows = case(srv, port, "subscribe", "/subfn", 20, "fnchan", 30)
-    assert.same({ "1", "2" }, keys(rows[1].workers), "clients on both workers")
+    assert.same({ "1", "2" }, JS.keys(rows[1].workers), "clients on both workers")
     local want = {}
     for i = 1, 30 do want[#want + 1] = "fn:h" .. i end
     for i = 1, 30 do want[#want + 1] = "fn:t" .. i end
@@ -212,7 +179,7 @@ describe("WebSocket, with the npm ws client:", function()
   end)
 
   it("a graceful shutdown (SIGTERM, -w 2) closes every socket with 1001", function()
-    local srv, port = start { workers = 2 }
+    local srv, port = start(nil, { workers = 2 })
     local p = H.spawn({ JS.node, JS.dir .. "/ws_cases.js", tostring(port), "hold", "/echo", "20" },
       { env = JS.env })
     p.sanitizer_checked = true

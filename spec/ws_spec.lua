@@ -16,10 +16,8 @@ local OP_CONT, OP_TEXT, OP_BIN, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
 -- Servers
 ---------------------------------------------------------------------------
 
-local started = {}
+local start_server, cleanup = H.fixture_servers(FIXTURE)
 
--- Starts ws_app.lua on a fresh port. `extra`: "key=value" arguments;
--- sopts.workers: -w N.
 -- The server the test started last, and the connection ids its "open"
 -- lines named, in the order this test connected (its lanes print in any
 -- order, so the last line printed is not always the last connection).
@@ -27,31 +25,12 @@ local current_srv
 local opened = {} -- path -> id of the last connection made to it
 local seen = {}   -- path -> how many of its open lines are taken
 
+-- Starts ws_app.lua on a fresh port. `extra`: "key=value" arguments;
+-- sopts.workers: -w N.
 local function start(extra, sopts)
-  sopts = sopts or {}
-  local port = H.free_port()
-  local args = { port }
-  for _, a in ipairs(extra or {}) do args[#args + 1] = a end
-  local srv = H.start(FIXTURE, {
-    args = args, wait_port = port,
-    options = sopts.workers and { "-w", sopts.workers } or nil,
-  })
-  started[#started + 1] = srv
+  local srv, port = start_server(extra, sopts)
   current_srv, seen, opened = srv, {}, {}
   return srv, port
-end
-
-local function cleanup()
-  for _, srv in ipairs(started) do
-    if srv:alive() then
-      for _, pid in ipairs(H.children(srv:pid())) do
-        local cl = H.cmdline(pid)
-        if cl and cl:find(FIXTURE, 1, true) then ffi.C.kill(pid, H.SIGKILL) end
-      end
-    end
-  end
-  started = {}
-  H.cleanup()
 end
 
 -- No Lua error, pub/sub trouble or crash was logged.
@@ -161,20 +140,25 @@ local function parse_frame(s)
   return f, s:sub(pos + len)
 end
 
---- The next frame from the server, or nil, err ("timeout", "closed", ...).
-function WS:frame(timeout)
+-- Reads from client.c onto client.buf until take(client.buf) returns a
+-- value and the rest of the buffer (which is kept); returns the value, or
+-- nil, err if reading fails first (within timeout, default H.T(5) s).
+local function read_until_taken(client, timeout, take)
   local deadline = H.now() + (timeout or H.T(5))
   while true do
-    local f, rest = parse_frame(self.buf)
-    if f then
-      self.buf = rest
-      return f
+    local v, rest = take(client.buf)
+    if v then
+      client.buf = rest
+      return v
     end
-    local d, err = H.read_some(self.c, math.max(0, deadline - H.now()))
+    local d, err = H.read_some(client.c, math.max(0, deadline - H.now()))
     if not d then return nil, err end
-    self.buf = self.buf .. d
+    client.buf = client.buf .. d
   end
 end
+
+--- The next frame from the server, or nil, err ("timeout", "closed", ...).
+function WS:frame(timeout) return read_until_taken(self, timeout, parse_frame) end
 
 --- The next data frame (text/binary), answering nothing; control frames other
 --- than close are skipped (pings are counted).
@@ -312,6 +296,14 @@ local function publish(port, ch, msg)
   assert.equal("ok", body)
 end
 
+-- Publishes `msg` on `ch` and checks the next message of client `ws` is
+-- `payload` (default msg) in a frame of opcode `op`.
+local function publish_expect(port, ws, ch, msg, op, payload)
+  publish(port, ch, msg)
+  local f = assert(ws:message())
+  assert.same({ op, payload or msg }, { f.op, f.payload })
+end
+
 -- Id of the connection this test made last to `path`.
 local function last_open_id(srv, path)
   return opened[path]
@@ -330,6 +322,52 @@ local function wait_close_line(srv, id)
       local _, _, code, reason = l:match("^close (%S+) (%S+) (%S+) ?(.*)$")
       return tonumber(code), reason
     end
+  end
+end
+
+-- Clients of a -w 2 server on both workers: calls connect() (a client
+-- with .pid, the process serving it) up to 60 times, until at least 4
+-- clients are on two processes. Returns the clients and how many
+-- processes they reached.
+local function on_both_workers(connect)
+  local clients, pids, npids = {}, {}, 0
+  for _ = 1, 60 do
+    local c = connect()
+    clients[#clients + 1] = c
+    if not pids[c.pid] then pids[c.pid] = true; npids = npids + 1 end
+    if npids >= 2 and #clients >= 4 then break end
+  end
+  return clients, npids
+end
+
+-- Publishes "probe" on `ch` until every client has had one (every worker
+-- knows every subscription), then has /pubseq publish "seq 1" .. "seq n"
+-- from one lane; checks every client gets them all in order (probes
+-- skipped). next_text(client, timeout) is the text of the client's next
+-- message, or nil and why; `what` names a client in failure messages.
+local function probe_then_sequence(port, ch, clients, n, next_text, what)
+  local probed = {}
+  H.wait_for(function()
+    publish(port, ch, "probe")
+    for i, c in ipairs(clients) do
+      while not probed[i] do
+        local t = next_text(c, 0.05)
+        if not t then break end
+        if t == "probe" then probed[i] = true end
+      end
+    end
+    for i = 1, #clients do if not probed[i] then return false end end
+    return true
+  end, H.T(10), "every " .. what .. " to get a probe")
+  assert.equal(200, (http_get(port, ("/pubseq?ch=%s&n=%d"):format(ch, n))))
+  for i, c in ipairs(clients) do
+    local got = {}
+    while #got < n do
+      local t, err = next_text(c, H.T(5))
+      assert.truthy(t, ("%s %d (pid %d) after %d: %s"):format(what, i, c.pid, #got, tostring(err)))
+      if t ~= "probe" then got[#got + 1] = t end
+    end
+    for k = 1, n do assert.equal("seq " .. k, got[k], what .. " " .. i) end
   end
 end
 
@@ -858,12 +896,8 @@ describe("WebSocket", function()
       -- the /subfn path sends with is_text nil
       local _, port = start()
       local ws = sub_client(port, "/subfn?ch=kind")
-      publish(port, "kind", "t\xc3\xa9xt")
-      local f = assert(ws:message())
-      assert.same({ OP_TEXT, "fn:t\xc3\xa9xt" }, { f.op, f.payload })
-      publish(port, "kind", "\xff\x00")
-      f = assert(ws:message())
-      assert.same({ OP_BIN, "fn:\xff\x00" }, { f.op, f.payload })
+      publish_expect(port, ws, "kind", "t\xc3\xa9xt", OP_TEXT, "fn:t\xc3\xa9xt")
+      publish_expect(port, ws, "kind", "\xff\x00", OP_BIN, "fn:\xff\x00")
     end)
   end)
 
@@ -871,15 +905,11 @@ describe("WebSocket", function()
     it("ws:subscribe(ch) forwards strings as text, non-UTF-8 as binary, tables as JSON text", function()
       local srv, port = start()
       local ws = sub_client(port, "/sub?ch=news")
-      publish(port, "news", "hello \xe2\x82\xac")
-      local f = assert(ws:message())
-      assert.same({ OP_TEXT, "hello \xe2\x82\xac" }, { f.op, f.payload })
-      publish(port, "news", "\x80\x81\xff")
-      f = assert(ws:message())
-      assert.same({ OP_BIN, "\x80\x81\xff" }, { f.op, f.payload })
+      publish_expect(port, ws, "news", "hello \xe2\x82\xac", OP_TEXT)
+      publish_expect(port, ws, "news", "\x80\x81\xff", OP_BIN)
       publish(port, "other", "not for you")
       assert.equal(200, (http_get(port, "/pubtable?ch=news")))
-      f = assert(ws:message())
+      local f = assert(ws:message())
       assert.equal(OP_TEXT, f.op)
       assert.same({ name = "moon", n = 42 }, cjson.decode(f.payload))
       -- the forwarded messages never entered Lua
@@ -898,42 +928,12 @@ describe("WebSocket", function()
 
     it("with -w 2, clients on both workers get every message in order", function()
       local srv, port = start(nil, { workers = 2 })
-      local clients, pids = {}, {}
-      for _ = 1, 60 do
-        local ws = sub_client(port, "/sub?ch=ordered")
-        clients[#clients + 1] = ws
-        pids[ws.pid] = (pids[ws.pid] or 0) + 1
-        local n = 0
-        for _ in pairs(pids) do n = n + 1 end
-        if n >= 2 and #clients >= 4 then break end
-      end
-      local n = 0
-      for _ in pairs(pids) do n = n + 1 end
+      local clients, n = on_both_workers(function() return sub_client(port, "/sub?ch=ordered") end)
       assert.equal(2, n, "clients did not reach two workers: " .. srv:describe())
-      -- until every subscription is known everywhere: probes
-      local seen = {}
-      H.wait_for(function()
-        publish(port, "ordered", "probe")
-        for i, ws in ipairs(clients) do
-          while not seen[i] do
-            local f = ws:message(0.05)
-            if not f then break end
-            if f.payload == "probe" then seen[i] = true end
-          end
-        end
-        for i = 1, #clients do if not seen[i] then return false end end
-        return true
-      end, H.T(10), "every client to get a probe")
-      assert.equal(200, (http_get(port, "/pubseq?ch=ordered&n=50")))
-      for i, ws in ipairs(clients) do
-        local got = {}
-        while #got < 50 do
-          local f, err = ws:message(H.T(5))
-          assert.truthy(f, ("client %d (pid %d) after %d: %s"):format(i, ws.pid, #got, tostring(err)))
-          if f.payload ~= "probe" then got[#got + 1] = f.payload end
-        end
-        for k = 1, 50 do assert.equal("seq " .. k, got[k], "client " .. i) end
-      end
+      probe_then_sequence(port, "ordered", clients, 50, function(ws, timeout)
+        local f, err = ws:message(timeout)
+        return f and f.payload, err
+      end, "client")
       assert_clean_log(srv)
     end)
 
@@ -1059,18 +1059,10 @@ end
 
 --- The next event block's text (without the blank line ending it).
 function SSE:block(timeout)
-  local deadline = H.now() + (timeout or H.T(5))
-  while true do
-    local at = self.buf:find("\n\n", 1, true)
-    if at then
-      local b = self.buf:sub(1, at - 1)
-      self.buf = self.buf:sub(at + 2)
-      return b
-    end
-    local d, err = H.read_some(self.c, math.max(0, deadline - H.now()))
-    if not d then return nil, err end
-    self.buf = self.buf .. d
-  end
+  return read_until_taken(self, timeout, function(buf)
+    local at = buf:find("\n\n", 1, true)
+    if at then return buf:sub(1, at - 1), buf:sub(at + 2) end
+  end)
 end
 
 --- The next event: { event =, id =, data = (lines joined with "\n"), lines = }.
@@ -1161,39 +1153,17 @@ describe("Server-Sent Events", function()
 
   it("sse:subscribe(ch) forwards each message as a data event, with -w 2 on both workers", function()
     local srv, port = start(nil, { workers = 2 })
-    local clients, pids, npids = {}, {}, 0
-    for _ = 1, 60 do
+    local clients, npids = on_both_workers(function()
       local s = sse_connect(port, "/sse_sub?ch=ev")
       local e = assert(s:event())
       s.pid = tonumber(e.data:match("pid=(%d+)"))
-      clients[#clients + 1] = s
-      if not pids[s.pid] then pids[s.pid] = true; npids = npids + 1 end
-      if npids >= 2 and #clients >= 4 then break end
-    end
+      return s
+    end)
     assert.equal(2, npids, "streams did not reach two workers")
-    local seen = {}
-    H.wait_for(function()
-      publish(port, "ev", "probe")
-      for i, s in ipairs(clients) do
-        while not seen[i] do
-          local e = s:event(0.05)
-          if not e then break end
-          if e.data == "probe" then seen[i] = true end
-        end
-      end
-      for i = 1, #clients do if not seen[i] then return false end end
-      return true
-    end, H.T(10), "every stream to get a probe")
-    assert.equal(200, (http_get(port, "/pubseq?ch=ev&n=30")))
-    for i, s in ipairs(clients) do
-      local got = {}
-      while #got < 30 do
-        local e, err = s:event(H.T(5))
-        assert.truthy(e, ("stream %d after %d: %s"):format(i, #got, tostring(err)))
-        if e.data ~= "probe" then got[#got + 1] = e.data end
-      end
-      for k = 1, 30 do assert.equal("seq " .. k, got[k], "stream " .. i) end
-    end
+    probe_then_sequence(port, "ev", clients, 30, function(s, timeout)
+      local e, err = s:event(timeout)
+      return e and e.data, err
+    end, "stream")
     -- (another request may reach the other worker: order only after the above)
     publish(port, "ev", "two\nlines")
     for i, s in ipairs(clients) do

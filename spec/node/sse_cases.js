@@ -5,25 +5,7 @@
 //   node sse_cases.js PORT CASE [ARGS...]
 // Prints JSON lines and ends with {"done":true}.
 const http = require('http');
-
-const port = Number(process.argv[2]);
-const which = process.argv[3];
-const args = process.argv.slice(4);
-
-const out = (obj) => process.stdout.write(JSON.stringify(obj) + '\n');
-// Deadlines stretch for sanitizer builds of the server (spec/js.lua sets it).
-const SCALE = Number(process.env.SPEC_SCALE || 1);
-
-function withTimeout(promise, ms, what) {
-  ms *= SCALE;
-  let t;
-  return Promise.race([
-    promise,
-    new Promise((_, reject) => {
-      t = setTimeout(() => reject(new Error(`timeout after ${ms} ms: ${what}`)), ms);
-    }),
-  ]).finally(() => clearTimeout(t));
-}
+const { port, args, out, withTimeout, get, run } = require('./case_common');
 
 // One event-stream response: .events (each { event, data, id }, id being
 // the id field of that event or null), .lastId, .ended.
@@ -110,11 +92,6 @@ class Stream {
   close() { this.req.destroy(); }
 }
 
-async function get(path) {
-  const r = await fetch(`http://127.0.0.1:${port}${path}`);
-  return { status: r.status, body: await r.text() };
-}
-
 const cases = {};
 
 cases.events = async () => {
@@ -169,13 +146,4 @@ cases.last = async () => {
   out({ name: 'reconnect', first_last_id: first.lastId, events: again.events });
 };
 
-(async () => {
-  const fn = cases[which];
-  if (!fn) throw new Error(`no case ${which}`);
-  await fn();
-  out({ done: true });
-  process.exit(0);
-})().catch((e) => {
-  out({ error: e.message });
-  process.exit(1);
-});
+run(cases);

@@ -6,16 +6,9 @@
 // and ends with {"done":true}. Nothing is judged here beyond what a line
 // says; a client-side failure prints {"error": "..."} and exits 1.
 const WebSocket = require('ws');
+const { port, args, out, SCALE, withTimeout, get, run } = require('./case_common');
 
-const port = Number(process.argv[2]);
-const which = process.argv[3];
-const args = process.argv.slice(4);
 const base = `ws://127.0.0.1:${port}`;
-const http = `http://127.0.0.1:${port}`;
-
-const out = (obj) => process.stdout.write(JSON.stringify(obj) + '\n');
-// Deadlines stretch for sanitizer builds of the server (spec/js.lua sets it).
-const SCALE = Number(process.env.SPEC_SCALE || 1);
 
 // Deterministic bytes that are not valid UTF-8 text (an LCG).
 function bytes(n, seed = 1) {
@@ -35,17 +28,6 @@ function text(n) {
   let s = '';
   for (let i = 0; i < n; i++) s += alpha[(i * 7 + (i >> 6)) % alpha.length];
   return s;
-}
-
-function withTimeout(promise, ms, what) {
-  ms *= SCALE;
-  let t;
-  return Promise.race([
-    promise,
-    new Promise((_, reject) => {
-      t = setTimeout(() => reject(new Error(`timeout after ${ms} ms: ${what}`)), ms);
-    }),
-  ]).finally(() => clearTimeout(t));
 }
 
 // A client with a queue of received messages and a promise of its close.
@@ -124,11 +106,6 @@ async function open(path, options) {
   const c = new Client(path, options);
   await withTimeout(c.opened, 5000, `open ${path}`);
   return c;
-}
-
-async function get(path) {
-  const r = await fetch(http + path);
-  return { status: r.status, body: await r.text() };
 }
 
 // Polls /log?tag=T until an entry with ev == `ev` is there.
@@ -463,13 +440,4 @@ cases.hold = async () => {
   out({ codes });
 };
 
-(async () => {
-  const fn = cases[which];
-  if (!fn) throw new Error(`no case ${which}`);
-  await fn();
-  out({ done: true });
-  process.exit(0);
-})().catch((e) => {
-  out({ error: e.message });
-  process.exit(1);
-});
+run(cases);
