@@ -86,8 +86,8 @@ FUZZ_CFLAGS  := -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) \
                 -fno-sanitize-recover=undefined
 FUZZ_BINS    := build/fuzz/fuzz_http1 build/fuzz/fuzz_ws
 
-build/fuzz/fuzz_http1: fuzz/fuzz_http1.c src/http/http1.c src/http/http1.h
-build/fuzz/fuzz_ws: fuzz/fuzz_ws.c src/http/ws.c src/http/ws.h
+build/fuzz/fuzz_http1: fuzz/fuzz_http1.c fuzz/fuzz_check.h src/http/http1.c src/http/http1.h
+build/fuzz/fuzz_ws: fuzz/fuzz_ws.c fuzz/fuzz_check.h src/http/ws.c src/http/ws.h
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^)

@@ -12,16 +12,8 @@
 #include <string.h>
 
 #include "http/http1.h"
+#include "fuzz_check.h"
 
-/* A broken invariant: say which and abort, so libFuzzer saves the input. */
-#define FUZZ_CHECK(cond)                                                     \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__,   \
-              #cond);                                                        \
-      abort();                                                               \
-    }                                                                        \
-  } while (0)
 
 static bool fz_within(const char *p, size_t n, const char *buf, size_t len) {
   return p >= buf && p <= buf + len && n <= (size_t)(buf + len - p);

@@ -13,15 +13,8 @@
 #include <string.h>
 
 #include "http/ws.h"
+#include "fuzz_check.h"
 
-#define FUZZ_CHECK(cond)                                                     \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__,   \
-              #cond);                                                        \
-      abort();                                                               \
-    }                                                                        \
-  } while (0)
 
 /* ---- a plain UTF-8 decoder: one code point at a time ---- */
 
