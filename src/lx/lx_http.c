@@ -366,7 +366,6 @@ static void lx_http_on_shutdown(conn_t *c) {
 static void lx_http_on_close(conn_t *c, int reason) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   lx_service_t *s = reactor_conn_service(c);
-  lx_pubsub_conn_closed(s->ln, reactor_conn_uuid(c));
   if (hc && hc->reading) {
     hc->body_err = "closed";
     if (s->ln->closing) {

@@ -668,6 +668,9 @@ void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
 void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   lx_lane_t *ln = st->ln;
   (void)reason;
+  /* Only a stream subscribes for its connection: a plain HTTP connection
+   * has nothing to cancel and skips this look-up. */
+  lx_pubsub_conn_closed(ln, st->uuid);
   int on_close = st->kind == LX_KIND_WS ? st->cfg->on_close : st->on_close;
   if (on_close != LUA_NOREF && !ln->closing) {
     int co_ref;
