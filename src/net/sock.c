@@ -441,6 +441,36 @@ int sock_wq_push_file(sock_wq_t *wq, int file_fd, off_t offset, size_t len) {
   return 0;
 }
 
+int sock_wq_iov(const sock_wq_t *wq, struct iovec *iov, int max,
+                size_t *total) {
+  int cnt = 0;
+  size_t sum = 0;
+  for (sock_packet_t *q = wq->head; q && q->kind != PKT_FILE && cnt < max;
+       q = q->next, cnt++) {
+    const char *base = q->kind == PKT_COPY ? q->u.copy.data : q->u.ref.data;
+    iov[cnt].iov_base = (void *)(base + q->off);
+    iov[cnt].iov_len = q->len - q->off;
+    sum += q->len - q->off;
+  }
+  if (total) *total = sum;
+  return cnt;
+}
+
+void sock_wq_consume(sock_wq_t *wq, size_t n) {
+  wq->bytes -= n;
+  while (wq->head && (n > 0 || wq->head->off == wq->head->len)) {
+    sock_packet_t *q = wq->head;
+    size_t take = q->len - q->off;
+    if (take > n) take = n;
+    q->off += take; /* for files, sendfile advanced pos itself */
+    n -= take;
+    if (q->off < q->len) break;
+    wq->head = q->next;
+    if (!wq->head) wq->tail = NULL;
+    sock__free_packet(q);
+  }
+}
+
 /* Writes runs of memory packets with one writev; files with sendfile. */
 int sock_wq_flush(int fd, sock_wq_t *wq) {
   while (wq->head) {
@@ -453,33 +483,14 @@ int sock_wq_flush(int fd, sock_wq_t *wq) {
       if (n == 0) return -EIO; /* the file shrank under us */
     } else {
       struct iovec iov[16];
-      int cnt = 0;
-      for (sock_packet_t *q = p; q && q->kind != PKT_FILE && cnt < 16;
-           q = q->next, cnt++) {
-        const char *base = q->kind == PKT_COPY ? q->u.copy.data : q->u.ref.data;
-        iov[cnt].iov_base = (void *)(base + q->off);
-        iov[cnt].iov_len = q->len - q->off;
-      }
-      n = writev(fd, iov, cnt);
+      n = writev(fd, iov, sock_wq_iov(wq, iov, 16, NULL));
     }
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
       return -errno;
     }
-    size_t left = (size_t)n;
-    wq->bytes -= left;
-    while (wq->head && (left > 0 || wq->head->off == wq->head->len)) {
-      sock_packet_t *q = wq->head;
-      size_t take = q->len - q->off;
-      if (take > left) take = left;
-      q->off += take; /* for files, sendfile advanced pos itself */
-      left -= take;
-      if (q->off < q->len) break;
-      wq->head = q->next;
-      if (!wq->head) wq->tail = NULL;
-      sock__free_packet(q);
-    }
+    sock_wq_consume(wq, (size_t)n);
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 /* A connection handle: the fd in the low 24 bits, the fd's generation above
  * them (28 bits). Each open and each close of an fd bumps its generation,
@@ -106,5 +107,12 @@ int sock_wq_push_file(sock_wq_t *wq, int file_fd, off_t offset, size_t len);
 /* Writes as much as the socket takes. Returns 0 when the queue is empty,
  * 1 when bytes remain (the socket is full), or a negative errno. */
 int sock_wq_flush(int fd, sock_wq_t *wq);
+/* The memory packets at the head of the queue (up to the first file, at
+ * most `max`) as an iovec; `*total` (if not NULL) gets their bytes. */
+int sock_wq_iov(const sock_wq_t *wq, struct iovec *iov, int max,
+                size_t *total);
+/* Drops the first `n` bytes, written elsewhere (at most the memory packets
+ * sock_wq_iov described). */
+void sock_wq_consume(sock_wq_t *wq, size_t n);
 
 #endif
