@@ -19,7 +19,7 @@ else
 endif
 CFLAGS  += $(BASE) $(OPT)
 LDFLAGS += $(OPT) -pthread -rdynamic
-LDLIBS  += $(LUAJIT_LIBS) -lhiredis -lm -ldl
+LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lm -ldl
 
 OUT     := build/$(VARIANT)
 SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/http/*.c src/lx/*.c)
@@ -27,7 +27,7 @@ OBJS    := $(SRCS:%.c=$(OUT)/%.o)
 UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN     := $(OUT)/moonport
 
-.PHONY: all setup test test-unit test-spec test-asan test-tsan bench run clean \
+.PHONY: all setup test test-unit test-spec test-direct test-asan test-tsan bench run clean \
         fuzz fuzz-ci fuzz-build test-diff
 all: $(BIN)
 	@if [ "$(VARIANT)" = release ]; then ln -sf release/moonport build/moonport; fi
@@ -53,6 +53,14 @@ test: setup
 
 test-unit: $(UNIT)
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
+	@echo "== $(OUT)/unit/test_reactor, with MOONPORT_IO_URING=0 (direct reads and writes)"
+	@MOONPORT_IO_URING=0 $(OUT)/unit/test_reactor
+
+# The specs of the plain socket and HTTP paths with MOONPORT_IO_URING=0: the
+# reactor's direct-call path, used where io_uring is unavailable.
+test-direct: all
+	@MOONPORT_IO_URING=0 MOONPORT_BIN=$(abspath $(BIN)) bash scripts/run-specs \
+	  spec/echo_spec.lua spec/backpressure_spec.lua spec/http_spec.lua spec/ws_spec.lua spec/ready_spec.lua
 
 test-spec: all
 	@MOONPORT_BIN=$(abspath $(BIN)) bash scripts/run-specs

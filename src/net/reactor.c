@@ -3,6 +3,7 @@
 #include "net/reactor.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 
 #include "core/defer.h"
 #include "core/log.h"
+#include "net/batch.h"
 #include "net/poll.h"
 
 /* What an epoll event points at: the first member of each pollable. */
@@ -46,6 +48,9 @@ enum {
   F_WROTE = 1u << 10,       /* the queue was non-empty: on_ready when drained */
   F_PEER_HUP = 1u << 11,    /* the peer shut down: read to EOF */
   F_ZOMBIE = 1u << 12,      /* dead, waiting for hold == 0, on zombie list */
+  F_BATCHED = 1u << 13,     /* on the batch list: its queue goes out with the
+                               loop iteration's other writes */
+  F_PREREAD = 1u << 14,     /* a read's result waits in pre_* (see prefetch) */
 };
 
 /* Events that wait while the connection is held. */
@@ -84,6 +89,16 @@ struct conn {
   sock_wq_t wq;
   conn_t *prev, *next;   /* live list, or zombie list once dead */
   conn_t *pending_next;  /* pending list */
+  conn_t *batch_prev, *batch_next; /* batch list (F_BATCHED) */
+  size_t batch_sent; /* bytes its batched send carried */
+  /* F_PREREAD: a read done ahead in the batch: its result (bytes, 0 for
+   * EOF or a negative errno), its bytes (in the reactor's prefetch buffer,
+   * or in pre_own when kept past the iteration) and the buffer's size. */
+  int pre_res;
+  const char *pre_data;
+  size_t pre_cap;
+  char *pre_own;
+  conn_t *pre_next;
   mp_timer_t *connect_timer;
   conn_task_t *tasks, *tasks_tail; /* reactor_conn_task, in order */
 };
@@ -141,7 +156,22 @@ struct reactor {
   void (*stop_hook)(reactor_t *r, void *arg);
   void *stop_arg;
   char *rbuf;
+  /* Writes of connections whose queue was empty wait on the batch list
+   * until the end of the loop iteration, then go out in one system call
+   * (net/batch.h); NULL batch: each write is a write(2) at once. */
+  net_batch_t *batch;
+  bool batch_tried;
+  conn_t *batch_head, *batch_tail;
+  char *pbuf;         /* REACTOR_PREFETCH_SLOTS reads ahead of their events */
+  conn_t *pre_head;   /* the connections read ahead in this iteration */
 };
+
+/* Writes up to this size wait for the end of the iteration (see batch). */
+#define REACTOR_BATCH_MAX ((size_t)16 * 1024)
+
+/* Reads ahead: how many sockets, and how many bytes of each. */
+#define REACTOR_PREFETCH_SLOTS 128
+#define REACTOR_PREFETCH_SIZE ((size_t)4096)
 
 static const char *const reason_names[] = {"peer", "error", "timeout",
                                            "shutdown", "local"};
@@ -201,6 +231,7 @@ static void conn__drop_tasks(conn_t *c) {
 
 static void conn__free(conn_t *c) {
   conn__drop_tasks(c);
+  free(c->pre_own);
   if (c->flags & F_ZOMBIE) list__unlink(&c->r->zombies, c);
   free(c->connect_timer);
   free(c);
@@ -247,11 +278,47 @@ static void linger__start(reactor_t *r, int fd) {
   r->lingers = lg;
 }
 
+/* ---- the batch list: writes that go out at the end of the iteration ---- */
+
+static void batch__add(conn_t *c) {
+  reactor_t *r = c->r;
+  c->flags |= F_BATCHED;
+  c->batch_next = NULL;
+  c->batch_prev = r->batch_tail;
+  if (r->batch_tail)
+    r->batch_tail->batch_next = c;
+  else
+    r->batch_head = c;
+  r->batch_tail = c;
+}
+
+static void batch__remove(conn_t *c) {
+  reactor_t *r = c->r;
+  if (c->batch_prev)
+    c->batch_prev->batch_next = c->batch_next;
+  else
+    r->batch_head = c->batch_next;
+  if (c->batch_next)
+    c->batch_next->batch_prev = c->batch_prev;
+  else
+    r->batch_tail = c->batch_prev;
+  c->batch_prev = c->batch_next = NULL;
+  c->flags &= ~F_BATCHED;
+}
+
 /* The fd goes now; the last callback and the free come from the pending
  * list once nothing holds the connection. */
 static void conn__kill(conn_t *c, int reason) {
   if (c->flags & F_DEAD) return;
   reactor_t *r = c->r;
+  c->flags &= ~F_PREREAD;
+  if (c->flags & F_BATCHED) {
+    /* Its writes were due at the end of the iteration; what was written
+     * before a close goes to the kernel first, as a direct write would
+     * have. */
+    batch__remove(c);
+    if (c->flags & F_OPEN) (void)sock_wq_flush(c->fd, &c->wq);
+  }
   if (!(c->flags & F_CLOSING) || reason == CONN_ERROR) c->reason = reason;
   if (c->flags & F_CONNECTING) { /* never opened: on_fail, not on_close */
     c->flags |= F_FAILED;
@@ -295,24 +362,42 @@ static void conn__read(conn_t *c) {
   reactor_t *r = c->r;
   for (int round = 0; round < 16; round++) {
     if (!(c->flags & F_READ_PENDING) || !conn__can_read(c)) return;
-    ssize_t n = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
+    const char *buf = r->rbuf;
+    size_t cap = REACTOR_READ_CHUNK;
+    char *own = NULL;
+    ssize_t n;
+    if (c->flags & F_PREREAD) { /* read already, with the batch */
+      c->flags &= ~F_PREREAD;
+      buf = c->pre_data;
+      cap = c->pre_cap;
+      own = c->pre_own;
+      c->pre_own = NULL;
+      n = c->pre_res;
+      if (n < 0) errno = -c->pre_res, n = -1;
+    } else {
+      n = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
+    }
     if (n > 0) {
       c->last_active = r->now;
       /* Edge-triggered: a short read emptied the socket, and later bytes
        * bring a new event. After a hang-up, read on to the EOF. */
-      if ((size_t)n < REACTOR_READ_CHUNK && !(c->flags & F_PEER_HUP))
+      if ((size_t)n < cap && !(c->flags & F_PEER_HUP))
         c->flags &= ~F_READ_PENDING;
       if (c->proto->on_data) {
         c->hold++;
-        c->proto->on_data(c, r->rbuf, (size_t)n);
+        c->proto->on_data(c, buf, (size_t)n);
+        free(own);
+        own = NULL;
         if (--c->hold > 0) return; /* suspended: release re-queues reading */
         if (c->tasks) { /* tasks it queued run before the next read */
           conn__enqueue(c, P_TASK);
           return;
         }
       }
+      free(own);
       continue;
     }
+    free(own);
     if (n == 0) {
       c->flags &= ~F_READ_PENDING;
       reactor_conn_close(c, CONN_PEER);
@@ -473,7 +558,19 @@ static int conn__write(conn_t *c, const void *data, size_t len,
     goto fail;
   }
   const char *p = data;
-  if (c->wq.bytes == 0 && !c->wq.head && (c->flags & F_OPEN)) {
+  bool empty = c->wq.bytes == 0 && !c->wq.head && (c->flags & F_OPEN);
+  /* Small writes wait for the batch; a large one gains little from it and
+   * goes out at once (as much as the socket takes), uncopied. */
+  if (empty && c->r->batch && len <= REACTOR_BATCH_MAX) {
+    if (release)
+      rc = sock_wq_push_ref(&c->wq, p, len, release, ctx, ctx2);
+    else
+      rc = sock_wq_push_copy(&c->wq, p, len);
+    if (rc) goto fail;
+    batch__add(c);
+    return 0;
+  }
+  if (empty) {
     while (len > 0) {
       ssize_t n = write(c->fd, p, len);
       if (n > 0) {
@@ -499,7 +596,10 @@ static int conn__write(conn_t *c, const void *data, size_t len,
   else
     rc = sock_wq_push_copy(&c->wq, p, len);
   if (rc) goto fail;
-  conn__after_queue(c);
+  /* More for a connection on the batch list goes out with the rest; it
+   * is a backlog only past the write limit. */
+  if (!(c->flags & F_BATCHED) || c->wq.bytes > c->write_limit)
+    conn__after_queue(c);
   return 0;
 fail:
   if (release) release(ctx, ctx2);
@@ -950,6 +1050,8 @@ void reactor_free(reactor_t *r) {
   defer_queue_deinit(&r->mailbox);
   defer_queue_deinit(&r->local);
   poll_free(r->poller);
+  net_batch_free(r->batch);
+  free(r->pbuf);
   free(r->rbuf);
   free(r);
 }
@@ -1064,12 +1166,133 @@ static void reactor__event(reactor_t *r, poll_event_t *ev) {
   }
 }
 
+/* ---- reading ahead: the sockets of one epoll_wait in one system call ---- */
+
+static void prefetch__done(void *tag, int res, void *arg) {
+  conn_t *c = tag;
+  (void)arg;
+  c->pre_res = res;
+}
+
+/* Reads each connection the events report readable (and that could read
+ * now) into a slot of the prefetch buffer; conn__read takes the result
+ * instead of calling read(2). */
+static void reactor__prefetch(reactor_t *r, const poll_event_t *ev, int n) {
+  if (!r->pbuf) {
+    r->pbuf = malloc(REACTOR_PREFETCH_SLOTS * REACTOR_PREFETCH_SIZE);
+    if (!r->pbuf) return;
+  }
+  unsigned k = 0;
+  for (int i = 0; i < n && k < REACTOR_PREFETCH_SLOTS; i++) {
+    if (*(int *)ev[i].ptr != KIND_CONN || !(ev[i].flags & POLL_READ)) continue;
+    conn_t *c = ev[i].ptr;
+    if ((c->flags & (F_PREREAD | F_CONNECTING)) || !conn__can_read(c)) continue;
+    char *slot = r->pbuf + (size_t)k * REACTOR_PREFETCH_SIZE;
+    if (!net_batch_recv(r->batch, c->fd, slot, REACTOR_PREFETCH_SIZE, c)) break;
+    c->flags |= F_PREREAD;
+    c->pre_data = slot;
+    c->pre_cap = REACTOR_PREFETCH_SIZE;
+    c->pre_res = -ECANCELED;
+    c->pre_next = r->pre_head;
+    r->pre_head = c;
+    k++;
+  }
+  if (k) net_batch_run(r->batch, prefetch__done, NULL);
+}
+
+/* After the events: a read ahead that its connection could not take yet
+ * (a callback paused or held it meanwhile) moves out of the prefetch
+ * buffer, which the next iteration reuses. */
+static void reactor__prefetch_end(reactor_t *r) {
+  for (conn_t *c = r->pre_head, *next; c; c = next) {
+    next = c->pre_next;
+    c->pre_next = NULL;
+    if (!(c->flags & F_PREREAD) || c->pre_own) continue;
+    if (c->pre_res > 0) {
+      c->pre_own = malloc((size_t)c->pre_res);
+      if (!c->pre_own) {
+        c->flags &= ~F_PREREAD;
+        conn__kill(c, CONN_ERROR);
+        continue;
+      }
+      memcpy(c->pre_own, c->pre_data, (size_t)c->pre_res);
+      c->pre_data = c->pre_own;
+    }
+  }
+  r->pre_head = NULL;
+}
+
+/* One batched send's result: like conn__flush after its write. */
+static void batch__done(void *tag, int res, void *arg) {
+  conn_t *c = tag;
+  (void)arg;
+  if (c->flags & F_DEAD) return;
+  if (res < 0 && res != -EAGAIN && res != -EINTR) {
+    conn__kill(c, res == -ECONNRESET || res == -EPIPE ? CONN_PEER : CONN_ERROR);
+    return;
+  }
+  if (res > 0) {
+    sock_wq_consume(&c->wq, (size_t)res);
+    c->last_active = c->r->now;
+  }
+  if (c->wq.head) {
+    /* A full socket brings a write event once it drains; anything else
+     * left (more pieces than one send carries, a file) goes out now. */
+    conn__after_queue(c);
+    if (res >= 0 && (size_t)res == c->batch_sent) conn__flush(c);
+    return;
+  }
+  if (c->flags & F_BP) c->flags &= ~F_BP;
+  if (c->flags & F_CLOSING) {
+    conn__kill(c, c->reason);
+    return;
+  }
+  if (c->flags & F_WROTE) {
+    c->flags &= ~F_WROTE;
+    conn__enqueue(c, P_READY);
+  }
+}
+
+/* Sends what the iteration wrote to connections on the batch list. */
+static void reactor__flush_batch(reactor_t *r) {
+  while (r->batch_head) {
+    conn_t *c = r->batch_head;
+    batch__remove(c);
+    if (c->flags & F_DEAD) continue;
+    struct iovec iov[NET_BATCH_IOV];
+    size_t total = 0;
+    int cnt = sock_wq_iov(&c->wq, iov, NET_BATCH_IOV, &total);
+    if (cnt == 0) {      /* flushed meanwhile, or a file first */
+      if (c->wq.head) conn__flush(c);
+      continue;
+    }
+    c->batch_sent = total;
+    if (!net_batch_send(r->batch, c->fd, iov, cnt, c)) {
+      net_batch_run(r->batch, batch__done, NULL);
+      if (!net_batch_send(r->batch, c->fd, iov, cnt, c)) {
+        conn__flush(c);
+        continue;
+      }
+    }
+  }
+  net_batch_run(r->batch, batch__done, NULL);
+}
+
 int reactor_run(reactor_t *r) {
   poll_event_t ev[256];
   r->now = reactor_clock_ms();
   timer_start(&r->timers, &r->sweep, r->now, 1000, 1000, 0, reactor__sweep,
               NULL, r);
+  if (!r->batch_tried) { /* here: the ring belongs to the running thread */
+    r->batch_tried = true;
+    r->batch = net_batch_new(256);
+    static atomic_bool told;
+    if (!r->batch && errno != ENOTSUP && !atomic_exchange(&told, true))
+      log_info("io_uring unavailable (%s): each read and write is its own "
+               "system call", strerror(errno));
+  }
   for (;;) {
+    if (r->batch_head) reactor__flush_batch(r);
     int wait = -1;
     if (r->pend_head || r->more_tasks || r->local_pushed) {
       wait = 0;
@@ -1084,8 +1307,12 @@ int reactor_run(reactor_t *r) {
     int n = poll_wait(r->poller, ev, 256, wait);
     if (n < 0) return n;
     r->now = reactor_clock_ms();
+    if (r->batch && n > 1) reactor__prefetch(r, ev, n);
     for (int i = 0; i < n; i++) reactor__event(r, &ev[i]);
+    if (r->pre_head) reactor__prefetch_end(r);
     reactor__drain_pending(r);
+    /* The answers go out before the timers run (one may run long). */
+    if (r->batch_head) reactor__flush_batch(r);
     timer_heap_run(&r->timers, r->now);
     /* A queue left non-empty sends no new wake-up: poll without waiting. */
     r->local_pushed = false;
@@ -1117,6 +1344,7 @@ int reactor_run(reactor_t *r) {
     if ((r->refs <= 0 && !r->zombies && !r->pend_head && !r->live) || past)
       break;
   }
+  if (r->batch_head) reactor__flush_batch(r);
   timer_stop(&r->timers, &r->sweep);
   return 0;
 }
