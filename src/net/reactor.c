@@ -553,6 +553,17 @@ static int conn__write(conn_t *c, const void *data, size_t len,
     rc = -EPIPE;
     goto fail;
   }
+  if ((c->flags & F_BATCHED) && c->wq.bytes + len > REACTOR_BATCH_MAX) {
+    /* Past what a batch carries: what waits goes out now, directly, and
+     * this write after it, so bulk output never piles up in memory until
+     * the end of the iteration (nor counts against max_queue there). */
+    batch__remove(c);
+    conn__flush(c);
+    if (c->flags & F_DEAD) {
+      rc = -EPIPE;
+      goto fail;
+    }
+  }
   if (c->wq.bytes >= c->max_queue) {
     rc = -ENOBUFS;
     goto fail;
