@@ -508,6 +508,21 @@ describe("mp.http", function()
       assert.is_true(closed, why)
     end)
 
+    it("res:header: 60 headers of 50 bytes (past what a response keeps inline) all arrive, across GC cycles", function()
+      local _, port = start()
+      local c = H.connect(port)
+      local rd = reader(c)
+      for _, n in ipairs { 1, 4, 60 } do
+        assert.is_true(H.send(c, get(("/headers?n=%d&len=50"):format(n))))
+        local r = response(rd, nil, n .. " headers")
+        assert.equal("ok", r.body)
+        for i = 1, n do
+          assert.equal((string.char(96 + i % 26)):rep(50), r.headers["x-h" .. i], "header " .. i .. " of " .. n)
+        end
+        assert.is_nil(r.headers["x-h" .. (n + 1)])
+      end
+    end)
+
     it("pipelining: requests sent in one write are answered in order, even when the first waits", function()
       local _, port = start()
       local c = H.connect(port)

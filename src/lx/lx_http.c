@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <linux/openat2.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,12 @@ typedef struct {
   uint64_t t_start;
 } lx_hconn_t;
 
+/* Header lines a response keeps in its own userdata; more go to a buffer
+ * userdata anchored in the response's environment table. Either way the
+ * GC frees them with the response, so it needs no __gc (a finalizer per
+ * request cost about 4 % of a hello request). */
+#define LX_RES_INLINE_HEADERS 256
+
 /* The response object of one request. */
 typedef struct {
   sock_uuid_t uuid;
@@ -94,7 +101,9 @@ typedef struct {
   bool done;       /* the response is complete */
   bool has_type;
   size_t hlen, hcap;
-  char *headers;   /* "Name: value\r\n" lines the handler set */
+  char *headers;   /* "Name: value\r\n" lines the handler set: `inline_h`
+                      or a buffer userdata (see LX_RES_INLINE_HEADERS) */
+  char inline_h[LX_RES_INLINE_HEADERS];
 } lx_res_t;
 
 static lx_http_cfg_t *lx__cfg(lx_service_t *s) { return s->ext; }
@@ -479,8 +488,16 @@ static int lx_req_peer(lua_State *L) {
 
 /* Pushes the request table. Returns false (nothing pushed) for a target
  * that can't be decoded. */
-static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
-                         size_t blen) {
+/* Pushes the request's parts, the arguments of the Lua request builder
+ * (lx_runner_src): method, path (decoded), query, target, minor version,
+ * headers (a table of lower-case names; repeated fields joined with ", "),
+ * body (nil: streamed, read with req:read()) and conn_id. The table itself
+ * is made in Lua, where a constructor with constant keys is one template
+ * copy instead of a hashed lua_setfield per field. False for a path that
+ * doesn't decode (nothing pushed). */
+#define LX_REQ_PARTS 8
+static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
+                               size_t blen) {
   http_request_t *r = &hc->req;
   const char *t = r->target;
   size_t tl = r->target_len;
@@ -502,22 +519,15 @@ static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
     if (path != stack) free(path);
     return false;
   }
-  lua_createtable(L, 0, 8);
   lua_pushlstring(L, r->method, r->method_len);
-  lua_setfield(L, -2, "method");
   lua_pushlstring(L, path, (size_t)dl);
-  lua_setfield(L, -2, "path");
   if (path != stack) free(path);
   if (q)
     lua_pushlstring(L, q + 1, tl - plen - 1);
   else
     lua_pushliteral(L, "");
-  lua_setfield(L, -2, "query");
   lua_pushlstring(L, r->target, r->target_len);
-  lua_setfield(L, -2, "target");
-  lua_pushstring(L, r->minor ? "1.1" : "1.0");
-  lua_setfield(L, -2, "version");
-  /* headers: lower-case names; repeated fields joined with ", " */
+  lua_pushinteger(L, r->minor);
   lua_createtable(L, 0, r->nheaders);
   char name[256];
   for (int i = 0; i < r->nheaders; i++) {
@@ -540,46 +550,73 @@ static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
     }
     lua_rawset(L, -3);
   }
-  lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
-  lua_rawget(L, LUA_REGISTRYINDEX);
-  lua_setmetatable(L, -2);
-  lua_setfield(L, -2, "headers");
-  if (body) { /* NULL: streamed, read with req:read() */
+  if (body)
     lua_pushlstring(L, body, blen);
-    lua_setfield(L, -2, "body");
-  }
+  else
+    lua_pushnil(L);
   lua_pushnumber(L, (lua_Number)hc->uuid);
-  lua_setfield(L, -2, "conn_id");
-  lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
-  lua_rawget(L, LUA_REGISTRYINDEX);
-  lua_setmetatable(L, -2);
   return true;
 }
+
+/* Registry key of the request builder (the second value of
+ * lx_runner_src). */
+static const char lx_req_build_key = 0;
+
+/* Pushes the request table. */
+static bool lx__push_req(lua_State *L, lx_hconn_t *hc, const char *body,
+                         size_t blen) {
+  lua_pushlightuserdata(L, (void *)&lx_req_build_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (!lx__push_req_parts(L, hc, body, blen)) {
+    lua_pop(L, 1);
+    return false;
+  }
+  lua_call(L, LX_REQ_PARTS, 1);
+  return true;
+}
+
+/* The response metatable, also under this registry key (a light userdata
+ * look-up, not a string's). */
+static const char lx_res_mt_key = 0;
 
 static lx_res_t *lx__push_res(lua_State *L, lx_lane_t *ln, conn_t *c,
                               lx_hconn_t *hc) {
   lx_res_t *res = lua_newuserdata(L, sizeof(*res));
-  memset(res, 0, sizeof(*res));
+  memset(res, 0, offsetof(lx_res_t, inline_h));
+  res->headers = res->inline_h;
+  res->hcap = sizeof(res->inline_h);
   res->uuid = reactor_conn_uuid(c);
   res->ln = ln;
   res->status = 200;
   res->head_only = hc->req.method_len == 4 && memcmp(hc->req.method, "HEAD", 4) == 0;
   res->keep_alive = hc->keep_alive;
   res->http10 = hc->req.minor == 0;
-  luaL_getmetatable(L, LX_RES_MT);
+  lua_pushlightuserdata(L, (void *)&lx_res_mt_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
   lua_setmetatable(L, -2);
   return res;
 }
 
-/* Registry key of the Lua wrapper that runs a handler and then finishes
- * its response (or answers 500 for an error). */
+/* Registry key of the Lua wrapper that builds the request from its parts
+ * (lx__push_req_parts), runs the handler and then finishes its response
+ * (or answers 500 for an error). The chunk gets the request and headers
+ * metatables and returns the runner and the builder. */
 static const char lx_runner_key = 0;
 static const char lx_runner_src[] =
-    "local xpcall, traceback = xpcall, debug.traceback\n"
-    "return function(handler, req, res)\n"
+    "local RMT, HMT = ...\n"
+    "local xpcall, traceback, setmetatable = xpcall, debug.traceback, setmetatable\n"
+    "local function build(method, path, query, target, minor, headers, body, id)\n"
+    "  return setmetatable({ method = method, path = path, query = query,\n"
+    "    target = target, version = minor == 0 and '1.0' or '1.1',\n"
+    "    headers = setmetatable(headers, HMT), body = body, conn_id = id }, RMT)\n"
+    "end\n"
+    "local function run(handler, res, method, path, query, target, minor,\n"
+    "                   headers, body, id)\n"
+    "  local req = build(method, path, query, target, minor, headers, body, id)\n"
     "  local ok, err = xpcall(handler, traceback, req, res)\n"
     "  if ok then res:_done() else res:_fail(err) end\n"
-    "end\n";
+    "end\n"
+    "return run, build\n";
 
 static bool lx__push_upgrade_req(lua_State *L, void *arg) {
   return lx__push_req(L, arg, "", 0);
@@ -666,16 +703,16 @@ static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
   lua_pushlightuserdata(co, (void *)&lx_runner_key);
   lua_rawget(co, LUA_REGISTRYINDEX);
   lua_rawgeti(co, LUA_REGISTRYINDEX, lx__cfg(s)->on_request);
-  if (!lx__push_req(co, hc, body, blen)) {
+  lx__push_res(co, ln, c, hc);
+  if (!lx__push_req_parts(co, hc, body, blen)) {
     lua_settop(co, 0);
     luaL_unref(ln->L, LUA_REGISTRYINDEX, co_ref);
     lx__refuse(c, hc, 400);
     return;
   }
-  lx__push_res(co, ln, c, hc);
   hc->state = H_BUSY;
   reactor_conn_set_timeout(c, 0); /* the handler takes what it takes */
-  lx_call_on(ln, co, co_ref, 3, LX_CONN, c, NULL, "on_request");
+  lx_call_on(ln, co, co_ref, 2 + LX_REQ_PARTS, LX_CONN, c, NULL, "on_request");
 }
 
 /* Parses what is buffered and runs the requests that are whole, one at a
@@ -975,8 +1012,18 @@ static int lx__read_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
 
 /* ---- the response object ---- */
 
+/* The response at stack index 1. The methods carry the metatable as their
+ * upvalue: comparing it costs less than luaL_checkudata's look-up of the
+ * name in the registry, on every call. */
 static lx_res_t *lx__res(lua_State *L) {
-  return luaL_checkudata(L, 1, LX_RES_MT);
+  lx_res_t *res = lua_touserdata(L, 1);
+  if (res && lua_getmetatable(L, 1)) {
+    bool ok = lua_rawequal(L, -1, lua_upvalueindex(1));
+    lua_pop(L, 1);
+    if (ok) return res;
+  }
+  luaL_typerror(L, 1, LX_RES_MT);
+  return NULL;
 }
 
 /* The connection of a response still in flight, or NULL. */
@@ -987,13 +1034,18 @@ static conn_t *lx__res_conn(lx_res_t *res, lx_hconn_t **hc) {
   return c;
 }
 
-static int lx_res_status(lua_State *L) {
-  lx_res_t *res = lx__res(L);
-  lua_Integer s = luaL_checkinteger(L, 2);
-  if (s < 100 || s > 999) return luaL_argerror(L, 2, "status must be 100..999");
+/* Sets the status from stack index idx (res:status, res:json's second
+ * argument). */
+static void lx__set_status(lua_State *L, lx_res_t *res, int idx) {
+  lua_Integer s = luaL_checkinteger(L, idx);
+  if (s < 100 || s > 999) luaL_argerror(L, idx, "status must be 100..999");
   if (res->started || res->done)
-    return luaL_error(L, "res:status: the response is already sent");
+    luaL_error(L, "res:status: the response is already sent");
   res->status = (int)s;
+}
+
+static int lx_res_status(lua_State *L) {
+  lx__set_status(L, lx__res(L), 2);
   lua_settop(L, 1);
   return 1;
 }
@@ -1011,11 +1063,15 @@ static bool lx__header_ok(const char *s, size_t n, bool name) {
 static void lx__add_header(lua_State *L, lx_res_t *res, const char *k,
                            size_t kl, const char *v, size_t vl) {
   size_t need = res->hlen + kl + vl + 4;
-  if (need > res->hcap) {
-    size_t cap = res->hcap ? res->hcap * 2 : 256;
+  if (need > res->hcap) { /* the response is at stack index 1 */
+    size_t cap = res->hcap * 2;
     while (cap < need) cap *= 2;
-    char *p = realloc(res->headers, cap);
-    if (!p) luaL_error(L, "out of memory");
+    char *p = lua_newuserdata(L, cap);
+    memcpy(p, res->headers, res->hlen);
+    lua_createtable(L, 1, 0);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 1);
+    lua_setfenv(L, 1);
     res->headers = p;
     res->hcap = cap;
   }
@@ -1124,9 +1180,7 @@ static int lx__write_body(lua_State *L, lx_res_t *res, conn_t *c, int idx,
 /* Ends the response: the connection goes on to the next request. */
 static void lx__finish(lx_res_t *res, conn_t *c, lx_hconn_t *hc) {
   res->done = true;
-  free(res->headers);
-  res->headers = NULL;
-  res->hlen = res->hcap = 0;
+  res->hlen = 0;
   lx__complete(c, hc, res->keep_alive && hc->keep_alive);
 }
 
@@ -1158,12 +1212,7 @@ static const char lx_cjson_encode_key = 0;
 static int lx_res_json(lua_State *L) {
   lx_res_t *res = lx__res(L);
   luaL_checkany(L, 2);
-  if (!lua_isnoneornil(L, 3)) {
-    lua_pushcfunction(L, lx_res_status);
-    lua_pushvalue(L, 1);
-    lua_pushvalue(L, 3);
-    lua_call(L, 2, 0);
-  }
+  if (!lua_isnoneornil(L, 3)) lx__set_status(L, res, 3);
   /* cjson.encode, looked up once per lane */
   lua_pushlightuserdata(L, (void *)&lx_cjson_encode_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
@@ -1316,9 +1365,7 @@ static int lx_res_sse(lua_State *L) {
   if (!rc && res->hlen) rc = reactor_conn_write(c, res->headers, res->hlen);
   if (!rc) rc = reactor_conn_write(c, "\r\n", 2);
   res->done = true;
-  free(res->headers);
-  res->headers = NULL;
-  res->hlen = res->hcap = 0;
+  res->hlen = 0;
   /* The stream ends with the connection: nothing more is read as HTTP. */
   hc->state = H_STREAM;
   hc->stream = st;
@@ -1358,13 +1405,6 @@ static int lx_res_fail(lua_State *L) {
   lua_settop(L, 1);
   lua_pushliteral(L, "Internal Server Error\n");
   return lx_res_send(L);
-}
-
-static int lx_res_gc(lua_State *L) {
-  lx_res_t *res = lx__res(L);
-  free(res->headers);
-  res->headers = NULL;
-  return 0;
 }
 
 static const luaL_Reg lx_res_methods[] = {
@@ -1816,18 +1856,13 @@ static int lx_http(lua_State *L) {
 void lx_http_open(lua_State *L, lx_lane_t *ln) {
   luaL_newmetatable(L, LX_RES_MT);
   lua_newtable(L);
-  luaL_setfuncs(L, lx_res_methods, 0);
+  lua_pushvalue(L, -2);
+  luaL_setfuncs(L, lx_res_methods, 1); /* upvalue: the metatable */
   lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, lx_res_gc);
-  lua_setfield(L, -2, "__gc");
   lua_pushliteral(L, LX_RES_MT);
   lua_setfield(L, -2, "__metatable");
-  lua_pop(L, 1);
-  lua_pushlightuserdata(L, (void *)&lx_runner_key);
-  if (luaL_loadbuffer(L, lx_runner_src, sizeof(lx_runner_src) - 1,
-                      "=moonport.http"))
-    lua_error(L);
-  lua_call(L, 0, 1);
+  lua_pushlightuserdata(L, (void *)&lx_res_mt_key);
+  lua_insert(L, -2);
   lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
   if (luaL_loadbuffer(L, lx_headers_mt_src, sizeof(lx_headers_mt_src) - 1,
@@ -1848,6 +1883,20 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_pushcclosure(L, lx_req_read_now, 1);
   lx_push_waiter(L, ln, lx__read_check, lx__read_arm);
   lua_call(L, 6, 1);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  if (luaL_loadbuffer(L, lx_runner_src, sizeof(lx_runner_src) - 1,
+                      "=moonport.http"))
+    lua_error(L);
+  lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_call(L, 2, 2);
+  lua_pushlightuserdata(L, (void *)&lx_req_build_key);
+  lua_insert(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_pushlightuserdata(L, (void *)&lx_runner_key);
+  lua_insert(L, -2);
   lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_http, 1);
