@@ -191,6 +191,7 @@ static bool on_owner_thread(conn_t *c) {
 typedef struct {
   const char *name;
   bool echo;                /* on_data writes the bytes back */
+  bool echo_split;          /* ... in two writes: the first byte, the rest */
   int sndbuf;               /* > 0: SO_SNDBUF of each connection */
   const char *open_msg;     /* written by on_open */
   const char *shutdown_msg; /* written by on_shutdown */
@@ -337,7 +338,12 @@ static void p_on_data(conn_t *c, const char *data, size_t len) {
   pthread_mutex_unlock(&g_mu);
 
   int rc = 0;
-  if (svc && svc->echo) rc = reactor_conn_write(c, data, len);
+  if (svc && svc->echo && svc->echo_split && len > 1) {
+    rc = reactor_conn_write(c, data, 1);
+    if (!rc) rc = reactor_conn_write(c, data + 1, len - 1);
+  } else if (svc && svc->echo) {
+    rc = reactor_conn_write(c, data, len);
+  }
   if (svc && svc->pause_peer && len > 0 && data[0] == 'P') {
     pthread_mutex_lock(&g_mu);
     rec_t *pr = *svc->pause_peer;
@@ -1374,6 +1380,36 @@ static void test_prefetch_paused(void) {
   CHECK_EQ(s.bad_thread + s.overlap + s.after_last, 0);
 }
 
+/* Back pressure set while a batch holds the writes: a read ahead fills
+ * its 4 KiB slot (more waits in the socket); its echo, in two writes (the
+ * second joins the first on the batch list), passes a 1 KiB write limit,
+ * so reading stops with bytes left unread; once the batch has sent the
+ * echo, reading must go on by itself. */
+static svc_t g_svc_bp_batch = {.name = "bp_batch", .echo = true,
+                               .echo_split = true};
+
+static void test_batch_back_pressure(void) {
+  int port = serve(&g_s0, &proto_std, &g_svc_bp_batch,
+                   (conn_opts_t){.write_limit = 1024});
+  int fa, fb;
+  rec_t *a = cli_connect(&g_svc_bp_batch, port, &fa);
+  rec_t *b = cli_connect(&g_svc_bp_batch, port, &fb);
+  static char out[8000], back[8000];
+  for (size_t i = 0; i < sizeof(out); i++) out[i] = (char)pattern(i);
+  CHECK(reactor_post(g_s0.r, sleep_task, (void *)(intptr_t)300, NULL) == 0);
+  sleep_ms(100);
+  CHECK(send_str(fa, "a"));
+  CHECK(send_all(fb, out, sizeof(out)));
+  CHECK(recv_str(fa, "a", 3000));
+  CHECK_EQ(recv_n(fb, back, sizeof(back), 3000, NULL), sizeof(back));
+  CHECK(memcmp(out, back, sizeof(back)) == 0);
+  close(fa);
+  close(fb);
+  CHECK(WAIT_UNTIL(RGET(a, n_close) == 1 && RGET(b, n_close) == 1, 3000));
+  rec_t s = rec_snap(b);
+  CHECK_EQ(s.bad_thread + s.overlap + s.after_last, 0);
+}
+
 /* ---- 10. reactor_connect ---- */
 
 static svc_t g_svc_client = {.name = "client", .open_msg = "ping"};
@@ -1634,6 +1670,7 @@ int main(void) {
   test_timeout();
   test_hold();
   test_prefetch_paused();
+  test_batch_back_pressure();
   test_connect();
   test_post();
   test_shutdown();

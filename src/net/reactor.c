@@ -518,6 +518,26 @@ static void conn__after_queue(conn_t *c) {
   }
 }
 
+/* After queued bytes went out (directly or in a batch): back pressure
+ * ends at half the limit; once the queue is empty (`drained`) a close
+ * asked for completes, or on_ready is due. */
+static void conn__wrote(conn_t *c, bool drained) {
+  c->last_active = c->r->now;
+  if ((c->flags & F_BP) && c->wq.bytes <= c->write_limit / 2) {
+    c->flags &= ~F_BP;
+    if (c->flags & F_READ_PENDING) conn__enqueue(c, P_READ);
+  }
+  if (!drained) return;
+  if (c->flags & F_CLOSING) {
+    conn__kill(c, c->reason);
+    return;
+  }
+  if (c->flags & F_WROTE) {
+    c->flags &= ~F_WROTE;
+    conn__enqueue(c, P_READY);
+  }
+}
+
 static void conn__flush(conn_t *c) {
   if (c->flags & F_DEAD) return;
   if (c->wq.bytes == 0 && !c->wq.head) {
@@ -529,21 +549,7 @@ static void conn__flush(conn_t *c) {
     conn__kill(c, rc == -ECONNRESET || rc == -EPIPE ? CONN_PEER : CONN_ERROR);
     return;
   }
-  c->last_active = c->r->now;
-  if ((c->flags & F_BP) && c->wq.bytes <= c->write_limit / 2) {
-    c->flags &= ~F_BP;
-    if (c->flags & F_READ_PENDING) conn__enqueue(c, P_READ);
-  }
-  if (rc == 0) {
-    if (c->flags & F_CLOSING) {
-      conn__kill(c, c->reason);
-      return;
-    }
-    if (c->flags & F_WROTE) {
-      c->flags &= ~F_WROTE;
-      conn__enqueue(c, P_READY);
-    }
-  }
+  conn__wrote(c, rc == 0);
 }
 
 static int conn__write(conn_t *c, const void *data, size_t len,
@@ -1242,26 +1248,17 @@ static void batch__done(void *tag, int res, void *arg) {
     conn__kill(c, res == -ECONNRESET || res == -EPIPE ? CONN_PEER : CONN_ERROR);
     return;
   }
-  if (res > 0) {
-    sock_wq_consume(&c->wq, (size_t)res);
-    c->last_active = c->r->now;
-  }
+  if (res > 0) sock_wq_consume(&c->wq, (size_t)res);
   if (c->wq.head) {
     /* A full socket brings a write event once it drains; anything else
      * left (more pieces than one send carries, a file) goes out now. */
     conn__after_queue(c);
-    if (res >= 0 && (size_t)res == c->batch_sent) conn__flush(c);
-    return;
+    if (res >= 0 && (size_t)res == c->batch_sent) {
+      conn__flush(c);
+      return;
+    }
   }
-  if (c->flags & F_BP) c->flags &= ~F_BP;
-  if (c->flags & F_CLOSING) {
-    conn__kill(c, c->reason);
-    return;
-  }
-  if (c->flags & F_WROTE) {
-    c->flags &= ~F_WROTE;
-    conn__enqueue(c, P_READY);
-  }
+  conn__wrote(c, !c->wq.head);
 }
 
 /* Sends what the iteration wrote to connections on the batch list. */
