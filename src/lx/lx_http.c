@@ -1012,18 +1012,10 @@ static int lx__read_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
 
 /* ---- the response object ---- */
 
-/* The response at stack index 1. The methods carry the metatable as their
- * upvalue: comparing it costs less than luaL_checkudata's look-up of the
- * name in the registry, on every call. */
+/* The response at stack index 1 (lx_check_self: the methods carry the
+ * metatable as upvalue 2). */
 static lx_res_t *lx__res(lua_State *L) {
-  lx_res_t *res = lua_touserdata(L, 1);
-  if (res && lua_getmetatable(L, 1)) {
-    bool ok = lua_rawequal(L, -1, lua_upvalueindex(1));
-    lua_pop(L, 1);
-    if (ok) return res;
-  }
-  luaL_typerror(L, 1, LX_RES_MT);
-  return NULL;
+  return lx_check_self(L, LX_RES_MT);
 }
 
 /* The connection of a response still in flight, or NULL. */
@@ -1856,8 +1848,9 @@ static int lx_http(lua_State *L) {
 void lx_http_open(lua_State *L, lx_lane_t *ln) {
   luaL_newmetatable(L, LX_RES_MT);
   lua_newtable(L);
-  lua_pushvalue(L, -2);
-  luaL_setfuncs(L, lx_res_methods, 1); /* upvalue: the metatable */
+  lua_pushlightuserdata(L, ln);
+  lua_pushvalue(L, -3);
+  luaL_setfuncs(L, lx_res_methods, 2); /* the lane, the metatable */
   lua_setfield(L, -2, "__index");
   lua_pushliteral(L, LX_RES_MT);
   lua_setfield(L, -2, "__metatable");
