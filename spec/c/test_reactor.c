@@ -1264,11 +1264,16 @@ static void test_timeout(void) {
 static svc_t g_svc_hold = {.name = "hold", .echo = true, .hold_on_H = true};
 static svc_t g_svc_hold_quiet = {.name = "hold_quiet", .hold_on_H = true};
 
-static void release_task(void *arg) {
-  rec_t *r = arg;
+/* The connection of a record (NULL once it closed). */
+static conn_t *rec_conn(rec_t *r) {
   pthread_mutex_lock(&g_mu);
   conn_t *c = r->c;
   pthread_mutex_unlock(&g_mu);
+  return c;
+}
+
+static void release_task(void *arg) {
+  conn_t *c = rec_conn(arg);
   if (c) reactor_conn_release(c);
 }
 
@@ -1338,10 +1343,7 @@ static void sleep_task(void *a, void *b) {
 }
 
 static void resume_task(void *arg) {
-  rec_t *r = arg;
-  pthread_mutex_lock(&g_mu);
-  conn_t *c = r->c;
-  pthread_mutex_unlock(&g_mu);
+  conn_t *c = rec_conn(arg);
   if (c) reactor_conn_resume(c);
 }
 
@@ -1435,10 +1437,7 @@ static void connect_task(void *arg) {
 }
 
 static void close_task(void *arg) {
-  rec_t *r = arg;
-  pthread_mutex_lock(&g_mu);
-  conn_t *c = r->c;
-  pthread_mutex_unlock(&g_mu);
+  conn_t *c = rec_conn(arg);
   if (c) reactor_conn_close(c, CONN_LOCAL);
 }
 
