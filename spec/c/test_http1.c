@@ -218,6 +218,55 @@ static void test_unescape(void) {
   CHECK_EQ(http_unescape("%", 1, out, false), -1);
 }
 
+static bool split_is(const char *t, const char *p, const char *q) {
+  const char *pp, *qq;
+  size_t pl, ql;
+  http_target_split(check_guard(t), strlen(t), &pp, &pl, &qq, &ql);
+  if (pl != strlen(p) || memcmp(pp, p, pl) != 0) return false;
+  if (!q) return qq == NULL;
+  return qq && ql == strlen(q) && memcmp(qq, q, ql) == 0;
+}
+
+/* The one target splitter (the app's req.path/req.query and the static
+ * lookup both use it): odd absolute forms included. */
+static void test_split(void) {
+  static const struct {
+    const char *target, *path, *query;
+  } cases[] = {
+      {"/a/b", "/a/b", NULL},
+      {"/a?x=1&y", "/a", "x=1&y"},
+      {"/a?", "/a", ""},
+      {"/?a?b", "/", "a?b"},
+      {"http://h.example/p?q", "/p", "q"},
+      {"HTTPS://h.example:8443/p/q", "/p/q", NULL},
+      {"http://h.example", "/", NULL},
+      {"http://h.example?x", "/", "x"},
+      {"*", "*", NULL},
+      /* an empty authority: the path starts right after the scheme */
+      {"http:///public/admin", "/public/admin", NULL},
+      {"http:///admin/x?q=1", "/admin/x", "q=1"},
+      {"http://", "/", NULL},
+      {"https://", "/", NULL},
+      {"http:///", "/", NULL},
+      /* a '?' ends the authority: the query is kept */
+      {"http://q?x=1", "/", "x=1"},
+      {"http://h?x=/y", "/", "x=/y"},
+      {"http://h:80?", "/", ""},
+      {"HtTp://h/a%2Fb?c", "/a%2Fb", "c"},
+      /* not a scheme: origin-form rules */
+      {"http:/x", "http:/x", NULL},
+      {"httpx://h/p", "httpx://h/p", NULL},
+      {"ftp://h/p", "ftp://h/p", NULL},
+      {"", "", NULL},
+      {"?", "", ""},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    bool ok = split_is(cases[i].target, cases[i].path, cases[i].query);
+    if (!ok) printf("split of \"%s\"\n", cases[i].target);
+    CHECK(ok);
+  }
+}
+
 int main(void) {
   test_simple();
   test_partial();
@@ -227,5 +276,6 @@ int main(void) {
   test_flags();
   test_chunked();
   test_unescape();
+  test_split();
   return check_summary();
 }

@@ -2,6 +2,7 @@
 #include "http/http1.h"
 
 #include <string.h>
+#include <strings.h>
 
 /* tchar (RFC 9110 5.6.2): the characters of methods and field names. */
 static const unsigned char http_tchar[256] = {
@@ -317,6 +318,32 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
 }
 
 /* ---- targets ---- */
+
+void http_target_split(const char *target, size_t len, const char **path,
+                       size_t *plen, const char **query, size_t *qlen) {
+  const char *t = target;
+  size_t tl = len;
+  size_t scheme = tl >= 7 && strncasecmp(t, "http://", 7) == 0    ? 7
+                  : tl >= 8 && strncasecmp(t, "https://", 8) == 0 ? 8
+                                                                   : 0;
+  if (scheme) { /* absolute-form: drop the scheme and the authority */
+    size_t i = scheme;
+    while (i < tl && t[i] != '/' && t[i] != '?') i++;
+    t += i;
+    tl -= i;
+  }
+  const char *q = memchr(t, '?', tl);
+  size_t pl = q ? (size_t)(q - t) : tl;
+  *query = q ? q + 1 : NULL;
+  *qlen = q ? tl - pl - 1 : 0;
+  if (pl == 0 && scheme) {
+    *path = "/";
+    *plen = 1;
+  } else {
+    *path = t;
+    *plen = pl;
+  }
+}
 
 ssize_t http_unescape(const char *s, size_t len, char *out, bool plus_space) {
   size_t o = 0;

@@ -85,6 +85,16 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
 
 /* ---- targets ---- */
 
+/* Splits a request target into its path and its query (the bytes after
+ * the first '?', without it; *query is NULL when there is none). An
+ * absolute-form target ("http://host/p?q", the scheme in any case) loses
+ * its scheme and authority, which ends at the first '/' or '?' (an empty
+ * one included: "http:///p" is "/p"), and gives "/" when it has no path.
+ * The one splitter of the server: the app and the static lookup see the
+ * same path. Pointers point into `target`. */
+void http_target_split(const char *target, size_t len, const char **path,
+                       size_t *plen, const char **query, size_t *qlen);
+
 /* Percent-decodes s[0..len) into out (at least len bytes); '+' stays
  * '+' unless plus_space. Returns the decoded length, or -1 for a bad
  * escape. */

@@ -59,6 +59,7 @@ typedef struct {
   char *body;        /* a chunked body, decoded */
   size_t body_len, body_cap;
   bool continued;    /* 100 Continue sent */
+  bool held_back;    /* pipelined requests wait for the queue to drain */
   bool keep_alive;   /* of the request in flight */
   uint64_t deadline; /* the request that is arriving must be whole by
                         then (header_timeout from its first byte) */
@@ -352,6 +353,9 @@ static void lx_http_on_timeout(conn_t *c) {
   if (hc && hc->reading) {
     hc->body_err = "timeout"; /* the body stopped coming */
     lx__reader_wake(c, hc);
+  } else if (hc && hc->held_back) {
+    /* Answers wait for a client that stopped reading: nothing to say */
+    reactor_conn_force_close(c, CONN_TIMEOUT);
   } else if (hc && hc->state == H_STREAM)
     lx_stream_timeout(c, hc->stream);
   else if (hc && hc->state != H_BUSY && hc->len > 0)
@@ -363,6 +367,10 @@ static void lx_http_on_timeout(conn_t *c) {
 static void lx_http_on_ready(conn_t *c) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   if (hc && hc->state == H_STREAM) lx_stream_ready(c, hc->stream);
+  else if (hc && hc->held_back && hc->state == H_HEAD) {
+    hc->held_back = false;
+    lx__process(c, hc);
+  }
 }
 
 static void lx_http_on_shutdown(conn_t *c) {
@@ -499,18 +507,9 @@ static int lx_req_peer(lua_State *L) {
 static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
                                size_t blen) {
   http_request_t *r = &hc->req;
-  const char *t = r->target;
-  size_t tl = r->target_len;
-  /* absolute-form: keep the path and query */
-  if (tl > 7 && (strncasecmp(t, "http://", 7) == 0 || strncasecmp(t, "https://", 8) == 0)) {
-    const char *p = memchr(t + 8, '/', tl - 8);
-    size_t skip = p ? (size_t)(p - t) : tl;
-    t += skip;
-    tl -= skip;
-    if (tl == 0) t = "/", tl = 1;
-  }
-  const char *q = memchr(t, '?', tl);
-  size_t plen = q ? (size_t)(q - t) : tl;
+  const char *t, *q;
+  size_t plen, qlen;
+  http_target_split(r->target, r->target_len, &t, &plen, &q, &qlen);
   char stack[1024];
   char *path = plen <= sizeof(stack) ? stack : malloc(plen);
   if (!path) return false;
@@ -523,7 +522,7 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
   lua_pushlstring(L, path, (size_t)dl);
   if (path != stack) free(path);
   if (q)
-    lua_pushlstring(L, q + 1, tl - plen - 1);
+    lua_pushlstring(L, q, qlen);
   else
     lua_pushliteral(L, "");
   lua_pushlstring(L, r->target, r->target_len);
@@ -722,6 +721,15 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
   while (hc->state == H_HEAD || hc->state == H_BODY) {
     if (hc->state == H_HEAD) {
       if (hc->len == 0) {
+        reactor_conn_set_timeout(c, cfg->idle_ms);
+        return;
+      }
+      /* Back pressure: reading has stopped, but requests already in the
+       * buffer (64 KiB of pipelined GETs is thousands) would each queue
+       * a response. They wait for on_ready; a client that reads nothing
+       * in idle_ms is closed. */
+      if (reactor_conn_congested(c)) {
+        hc->held_back = true;
         reactor_conn_set_timeout(c, cfg->idle_ms);
         return;
       }
@@ -1662,7 +1670,7 @@ static bool lx__static(conn_t *c, lx_hconn_t *hc) {
   if (!get && app) return false; /* without a look: the app's request */
   const char *path, *query;
   size_t plen, qlen;
-  http_static_split(r->target, r->target_len, &path, &plen, &query, &qlen);
+  http_target_split(r->target, r->target_len, &path, &plen, &query, &qlen);
   if (cfg->public_prefix_len &&
       (plen < cfg->public_prefix_len ||
        memcmp(path, cfg->public_prefix, cfg->public_prefix_len) != 0))

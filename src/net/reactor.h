@@ -203,6 +203,10 @@ int reactor_conn_write_ref(conn_t *c, const void *data, size_t len,
 int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len);
 /* Bytes queued and not yet written. */
 size_t reactor_conn_pending(const conn_t *c);
+/* Whether the queue is past write_limit (back pressure: reading stops
+ * until it is down to half). A protocol that answers input already read
+ * (pipelined requests) waits for on_ready instead of writing more. */
+bool reactor_conn_congested(const conn_t *c);
 
 /* Closes once the queue has drained (reading stops now). */
 void reactor_conn_close(conn_t *c, int reason);
