@@ -205,4 +205,46 @@ describe("robustness (issue 16)", function()
       { ask("POST http://q?x=1 HTTP/1.1\r\nHost: q\r\nContent-Length: 0\r\n\r\n") })
     assert.same({ 404, "no route /\n", "x=/y" }, { ask(get("http://h?x=/y")) })
   end)
+
+  it("--log: a 5,000-byte target is cut with \"...\" and every field is kept (no NUL); refusals after a whole request line log that line; a timed-out head logs the time it took", function()
+    local dir = H.tmpdir()
+    local path = dir .. "/access.log"
+    local _, port = start({ "header_timeout=1", "max_header=2048" }, { options = { "--log", path } })
+    local c = H.connect(port)
+    local long = "/" .. ("A"):rep(4999)
+    -- max_header raised on a second server would change nothing here: the
+    -- 5,000-byte target is over 2,048, so this one is a 431 with its line whole
+    assert(H.send(c, ("GET %s HTTP/1.1\r\nHost: x\r\n\r\n"):format(long)))
+    H.read_to_eof(c, H.T(5))
+    -- a head that stops after its request line: 408 after header_timeout
+    c = H.connect(port)
+    assert(H.send(c, "GET /slow HTTP/1.1\r\nHost: x\r\n"))
+    H.read_to_eof(c, H.T(10))
+    -- a served one with a long target, referer and user agent
+    local _, port2 = start({ "max_header=16384" }, { options = { "--log", path } })
+    c = H.connect(port2)
+    assert(H.send(c, ("GET %s HTTP/1.1\r\nHost: x\r\nReferer: http://r/%s\r\nUser-Agent: ua-%s\r\n"
+      .. "Connection: close\r\n\r\n"):format(long, ("r"):rep(3000), ("u"):rep(3000))))
+    H.read_to_eof(c, H.T(5))
+    H.wait_for(function()
+      return select(2, (H.read_file(path) or ""):gsub("\n", "")) >= 3
+    end, H.T(5), "three log lines")
+    local text = H.read_file(path)
+    assert.is_nil(text:find("\0", 1, true), "a NUL in the log")
+    local lines = H.lines(text)
+    assert.equal(3, #lines)
+    local by = {}
+    for _, l in ipairs(lines) do
+      assert.is_true(#l < 4096, #l)
+      by[assert(l:match('" (%d%d%d) '), l)] = l
+    end
+    -- the 431: its whole request line, cut, then status, bytes, "-" "-", seconds
+    assert.truthy(by["431"]:match('"GET /AAAA+%.%.%." 431 %d+ "%-" "%-" %d+%.%d%d%d$'), by["431"])
+    -- the 408: the line, and about a second, not 0.000
+    local took = tonumber(by["408"]:match('"GET /slow HTTP/1%.1" 408 %d+ "%-" "%-" (%d+%.%d%d%d)$'))
+    assert.is_not_nil(took, by["408"])
+    assert.is_true(took >= 0.9, by["408"])
+    -- the served one: every field there, the long ones cut
+    assert.truthy(by["404"]:match('"GET /AAAA+%.%.%. HTTP/1%.1" 404 %d+ "http://r/r+%.%.%." "ua%-u+%.%.%." %d+%.%d%d%d$'), by["404"])
+  end)
 end)

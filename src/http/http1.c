@@ -121,6 +121,19 @@ static int64_t http__length(const char *v, size_t n) {
   return x;
 }
 
+long http_request_line_span(const char *buf, size_t len, size_t *start) {
+  size_t p = 0;
+  while (p < len && (buf[p] == '\r' || buf[p] == '\n')) p++;
+  long nl = http__eol(buf, p, len);
+  if (nl < 0) return -1;
+  size_t end = http__content_end(buf, p, (size_t)nl);
+  http_request_t scratch;
+  int rc = http__request_line(buf + p, end - p, &scratch);
+  if (rc != 0 && rc != HTTP_BAD_VERSION) return -1;
+  *start = p;
+  return (long)(end - p);
+}
+
 int http_parse_head(const char *buf, size_t len, size_t max_head,
                     http_request_t *req) {
   size_t p = 0;

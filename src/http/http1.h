@@ -53,6 +53,12 @@ typedef struct {
 int http_parse_head(const char *buf, size_t len, size_t max_head,
                     http_request_t *req);
 
+/* For a log line about a request that was refused before its head was
+ * parsed (408, 413, 431, 505...): if buf[0..len) starts with a whole,
+ * well-formed request line (any HTTP/d.d version), its length without the
+ * line end, with *start at its first byte; otherwise -1. */
+long http_request_line_span(const char *buf, size_t len, size_t *start);
+
 /* Case-insensitive lookup: the first field called `name`, or NULL. */
 const http_header_t *http_header(const http_request_t *req,
                                  const char *name);

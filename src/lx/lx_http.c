@@ -179,28 +179,54 @@ static const char *lx__date(void) {
   return buf;
 }
 
-/* Appends s[0..n) to out for a log line: quotes, backslashes, control
- * bytes and bytes past ASCII as \xHH. Returns the new length. */
-static size_t lx__log_escape(char *out, size_t at, size_t cap, const char *s,
-                             size_t n) {
-  static const char hex[] = "0123456789abcdef";
-  for (size_t i = 0; i < n && at + 4 < cap; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if (ch < 0x20 || ch >= 0x7f || ch == '"' || ch == '\\') {
-      out[at++] = '\\';
-      out[at++] = 'x';
-      out[at++] = hex[ch >> 4];
-      out[at++] = hex[ch & 15];
-    } else {
-      out[at++] = (char)ch;
-    }
-  }
-  return at;
+/* A log line being built: bounded, never written past its end. */
+typedef struct {
+  char *b;
+  size_t at, cap;
+} lx_line_t;
+
+static void lx__line_raw(lx_line_t *l, const char *s, size_t n) {
+  if (n > l->cap - l->at) n = l->cap - l->at;
+  memcpy(l->b + l->at, s, n);
+  l->at += n;
 }
 
+/* Appends s[0..n) with quotes, backslashes, control bytes and bytes past
+ * ASCII as \xHH, at most `max` bytes of output; a longer field is cut and
+ * ends with "...", so the fields after it always fit. */
+static void lx__line_esc(lx_line_t *l, const char *s, size_t n, size_t max) {
+  static const char hex[] = "0123456789abcdef";
+  size_t end = l->at + max < l->cap ? l->at + max : l->cap;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    bool esc = ch < 0x20 || ch >= 0x7f || ch == '"' || ch == '\\';
+    if (l->at + (esc ? 4 : 1) + 3 > end && i + 1 < n) {
+      lx__line_raw(l, "...", 3);
+      return;
+    }
+    if (l->at + (esc ? 4 : 1) > end) return;
+    if (esc) {
+      l->b[l->at++] = '\\';
+      l->b[l->at++] = 'x';
+      l->b[l->at++] = hex[ch >> 4];
+      l->b[l->at++] = hex[ch & 15];
+    } else {
+      l->b[l->at++] = (char)ch;
+    }
+  }
+}
+
+/* What one field of an access-log line may take (escaped): with these the
+ * line (4 KiB) always has room for every field. */
+#define LX_LOG_METHOD 64
+#define LX_LOG_TARGET 2048
+#define LX_LOG_HEADER 512
+
 /* One access-log line (--log) in the combined format, with the seconds
- * the response took: one write(2), so lines of different lanes and
- * processes don't mix (O_APPEND). `req`: the parsed request or NULL. */
+ * the request took from its first byte: one write(2), so lines of
+ * different lanes and processes don't mix (O_APPEND). `req`: the parsed
+ * request, or NULL for one refused before its head was parsed, whose
+ * request line is logged if it came whole ("-" otherwise). */
 static void lx__access(conn_t *c, lx_hconn_t *hc, const http_request_t *req,
                        int status, uint64_t bytes) {
   lx_server_t *srv = hc->svc->ln->srv;
@@ -213,34 +239,43 @@ static void lx__access(conn_t *c, lx_hconn_t *hc, const http_request_t *req,
   gmtime_r(&now, &tm);
   char when[40];
   strftime(when, sizeof(when), "%d/%b/%Y:%H:%M:%S +0000", &tm);
-  char line[4096];
-  size_t cap = sizeof(line) - 2, at;
-  at = (size_t)snprintf(line, cap, "%s - - [%s] \"", ip, when);
+  char buf[4096], num[64];
+  lx_line_t l = {buf, 0, sizeof(buf) - 1}; /* room for the '\n' */
+  lx__line_esc(&l, ip, strlen(ip), sizeof(ip));
+  lx__line_raw(&l, " - - [", 6);
+  lx__line_raw(&l, when, strlen(when));
+  lx__line_raw(&l, "] \"", 3);
   const http_header_t *ref = NULL, *ua = NULL;
+  size_t start;
+  long span;
   if (req) {
-    at = lx__log_escape(line, at, cap, req->method, req->method_len);
-    line[at++] = ' ';
-    at = lx__log_escape(line, at, cap, req->target, req->target_len);
-    at += (size_t)snprintf(line + at, cap - at, " HTTP/1.%d", req->minor);
+    lx__line_esc(&l, req->method, req->method_len, LX_LOG_METHOD);
+    lx__line_raw(&l, " ", 1);
+    lx__line_esc(&l, req->target, req->target_len, LX_LOG_TARGET);
+    lx__line_raw(&l, num, (size_t)snprintf(num, sizeof(num), " HTTP/1.%d", req->minor));
     ref = http_header(req, "referer");
     ua = http_header(req, "user-agent");
+  } else if (hc->in && (span = http_request_line_span(hc->in, hc->len, &start)) > 0) {
+    lx__line_esc(&l, hc->in + start, (size_t)span, LX_LOG_TARGET + LX_LOG_METHOD);
   } else {
-    line[at++] = '-';
+    lx__line_raw(&l, "-", 1);
   }
+  lx__line_raw(&l, num, (size_t)snprintf(num, sizeof(num), "\" %d %llu \"",
+                                          status, (unsigned long long)bytes));
+  if (ref)
+    lx__line_esc(&l, ref->value, ref->value_len, LX_LOG_HEADER);
+  else
+    lx__line_raw(&l, "-", 1);
+  lx__line_raw(&l, "\" \"", 3);
+  if (ua)
+    lx__line_esc(&l, ua->value, ua->value_len, LX_LOG_HEADER);
+  else
+    lx__line_raw(&l, "-", 1);
   uint64_t took = reactor_now(hc->svc->ln->r) - hc->t_start;
-  at += (size_t)snprintf(line + at, cap > at ? cap - at : 0, "\" %d %llu \"",
-                         status, (unsigned long long)bytes);
-  if (at > cap) at = cap;
-  at = ref ? lx__log_escape(line, at, cap, ref->value, ref->value_len)
-           : lx__log_escape(line, at, cap, "-", 1);
-  if (at + 3 < cap) line[at++] = '"', line[at++] = ' ', line[at++] = '"';
-  at = ua ? lx__log_escape(line, at, cap, ua->value, ua->value_len)
-          : lx__log_escape(line, at, cap, "-", 1);
-  at += (size_t)snprintf(line + at, cap > at ? cap - at : 0, "\" %.3f",
-                         req ? (double)took / 1000.0 : 0.0);
-  if (at > cap) at = cap;
-  line[at++] = '\n';
-  ssize_t w = write(srv->access_fd, line, at);
+  lx__line_raw(&l, num, (size_t)snprintf(num, sizeof(num), "\" %.3f",
+                                          (double)took / 1000.0));
+  buf[l.at++] = '\n';
+  ssize_t w = write(srv->access_fd, buf, l.at);
   (void)w; /* a full disk loses log lines, not requests */
 }
 
