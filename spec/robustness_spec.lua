@@ -247,4 +247,19 @@ describe("robustness (issue 16)", function()
     -- the served one: every field there, the long ones cut
     assert.truthy(by["404"]:match('"GET /AAAA+%.%.%. HTTP/1%.1" 404 %d+ "http://r/r+%.%.%." "ua%-u+%.%.%." %d+%.%d%d%d$'), by["404"])
   end)
+
+  it("a chunk-size line of 5,000 leading zeros is refused (400) like a 5,000-byte extension; 100 zeros are fine", function()
+    local _, port = start()
+    local function post(size_line)
+      local c = H.connect(port)
+      assert(H.send(c, "POST /raw HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        .. size_line .. "\r\nabc\r\n0\r\n\r\n"))
+      local data = H.read_until(c, "\r\n\r\n", H.T(5))
+      c:close()
+      return tonumber(assert(data):match("^HTTP/1.1 (%d+)"))
+    end
+    assert.equal(400, post(("0"):rep(5000) .. "3"))
+    assert.equal(400, post("3;" .. ("e"):rep(5000)))
+    assert.equal(200, post(("0"):rep(100) .. "3"))
+  end)
 end)

@@ -203,6 +203,21 @@ static void test_chunked(void) {
   n += (size_t)sprintf(t + n, "\r\n");
   CHECK_EQ(feed(t, n, 64, &s, &done), HTTP_BAD);
   free(t);
+  /* The size line's limit counts every byte, leading zeros too: 5,000
+   * zeros then "3" is refused like a 5,000-byte extension (byte by byte
+   * and whole); 4,000 zeros are still a size line within it. */
+  char *z = malloc(8192);
+  memset(z, '0', 5000);
+  n = 5000 + (size_t)sprintf(z + 5000, "3\r\nabc\r\n0\r\n\r\n");
+  CHECK_EQ(feed(z, n, 1, &s, &done), HTTP_BAD);
+  CHECK_EQ(feed(z, n, n, &s, &done), HTTP_BAD);
+  n = 4000 + (size_t)sprintf(z + 4000, "3\r\nabc\r\n0\r\n\r\n");
+  CHECK_EQ(feed(z + 1000, n - 1000, 64, &s, &done), (ssize_t)(n - 1000));
+  CHECK(done && s.n == 3);
+  memset(z, '0', 4090);
+  n = 4090 + (size_t)sprintf(z + 4090, "3;abcdefgh\r\nabc\r\n0\r\n\r\n");
+  CHECK_EQ(feed(z, n, 64, &s, &done), HTTP_BAD); /* digits + extension */
+  free(z);
 }
 
 static void test_unescape(void) {

@@ -251,9 +251,10 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
     case CH_SIZE: {
       int h = http__hexval(ch);
       if (h >= 0) {
+        /* every byte of the size line counts, leading zeros too */
+        if (++c->line > HTTP_MAX_SIZE_LINE) return HTTP_BAD;
         if (c->left >> 58) return HTTP_BAD; /* over 2^62 */
         c->left = c->left * 16 + (uint64_t)h;
-        c->line++;
       } else if (c->line == 0) {
         return HTTP_BAD; /* no digits */
       } else if (ch == ';' || ch == ' ' || ch == '\t') {
