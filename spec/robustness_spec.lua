@@ -262,4 +262,26 @@ describe("robustness (issue 16)", function()
     assert.equal(400, post("3;" .. ("e"):rep(5000)))
     assert.equal(200, post(("0"):rep(100) .. "3"))
   end)
+
+  it("16 KiB of requests pipelined behind a waiting handler are answered in order after it, and the log line of the first keeps its fields", function()
+    local dir = H.tmpdir()
+    local path = dir .. "/access.log"
+    local srv, port = start({}, { options = { "--log", path } })
+    local c = H.connect(port)
+    local first = "GET /sleep?ms=300 HTTP/1.1\r\nHost: x\r\nUser-Agent: first-agent\r\n\r\n"
+    assert(H.send(c, first))
+    H.sleep(0.1)   -- the handler sleeps (its connection held); 16 KiB more come
+    local n = 400
+    assert(H.send(c, ("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"):rep(n)))
+    local got = read_responses(c, n + 1, H.T(10))
+    assert.equal(n + 1, got)
+    H.wait_for(function()
+      return select(2, (H.read_file(path) or ""):gsub("\n", "")) >= n + 1
+    end, H.T(5), "the log lines")
+    local lines = H.lines(H.read_file(path))
+    assert.truthy(lines[1]:find('"GET /sleep?ms=300 HTTP/1.1" 200 ', 1, true), lines[1])
+    assert.truthy(lines[1]:find('"first-agent"', 1, true), lines[1])
+    assert.is_nil(srv:sanitizer_report())
+    assert.equal(0, (srv:stop()))
+  end)
 end)

@@ -380,6 +380,9 @@ lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx);
 /* Only the checks of lx_ws_cfg_new (raises on bad values). */
 void lx_ws_cfg_check(lua_State *L, int idx);
 void lx_ws_cfg_free(lua_State *L, lx_ws_cfg_t *cfg);
+/* The registry ref of websocket.on_upgrade (run before the 101, where an
+ * app may refuse the upgrade or pick a subprotocol), or LUA_NOREF. */
+int lx_ws_cfg_on_upgrade(const lx_ws_cfg_t *cfg);
 /* Registers the websocket and sse metatables in L. */
 void lx_ws_open(lua_State *L, lx_lane_t *ln);
 /* A WebSocket on c, whose 101 answer is sent (NULL: out of memory). The

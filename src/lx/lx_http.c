@@ -60,6 +60,9 @@ typedef struct {
   size_t body_len, body_cap;
   bool continued;    /* 100 Continue sent */
   bool held_back;    /* pipelined requests wait for the queue to drain */
+  bool up_accept;    /* on_upgrade accepted: the 101 goes out next */
+  char *up_headers;  /* its extra header lines ("Name: v\r\n"...) */
+  size_t up_hlen;
   bool keep_alive;   /* of the request in flight */
   uint64_t deadline; /* the request that is arriving must be whole by
                         then (header_timeout from its first byte) */
@@ -101,6 +104,7 @@ typedef struct {
   bool started;    /* the head is sent (streaming) */
   bool done;       /* the response is complete */
   bool has_type;
+  bool upgrade;    /* of a WebSocket upgrade (websocket.on_upgrade) */
   size_t hlen, hcap;
   char *headers;   /* "Name: value\r\n" lines the handler set: `inline_h`
                       or a buffer userdata (see LX_RES_INLINE_HEADERS) */
@@ -299,6 +303,7 @@ static void lx__hconn_free(lx_hconn_t *hc) {
   if (!hc) return;
   free(hc->in);
   free(hc->body);
+  free(hc->up_headers);
   free(hc);
 }
 
@@ -636,6 +641,9 @@ static lx_res_t *lx__push_res(lua_State *L, lx_lane_t *ln, conn_t *c,
  * (or answers 500 for an error). The chunk gets the request and headers
  * metatables and returns the runner and the builder. */
 static const char lx_runner_key = 0;
+/* ... and of the wrapper of websocket.on_upgrade: it accepts the upgrade
+ * (res:_upgrade) unless the handler answered. */
+static const char lx_upgrade_key = 0;
 static const char lx_runner_src[] =
     "local RMT, HMT = ...\n"
     "local xpcall, traceback, setmetatable = xpcall, debug.traceback, setmetatable\n"
@@ -650,14 +658,24 @@ static const char lx_runner_src[] =
     "  local ok, err = xpcall(handler, traceback, req, res)\n"
     "  if ok then res:_done() else res:_fail(err) end\n"
     "end\n"
-    "return run, build\n";
+    "local function upgrade(handler, res, method, path, query, target, minor,\n"
+    "                       headers, body, id)\n"
+    "  local req = build(method, path, query, target, minor, headers, body, id)\n"
+    "  local ok, v = xpcall(handler, traceback, req, res)\n"
+    "  if ok then ok, v = pcall(res._upgrade, res, v) end\n"
+    "  if not ok then res:_fail(v) end\n"
+    "end\n"
+    "return run, build, upgrade\n";
 
 static bool lx__push_upgrade_req(lua_State *L, void *arg) {
   return lx__push_req(L, arg, "", 0);
 }
 
+static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc);
+
 /* A WebSocket handshake (RFC 6455 4.2): answers 101 and hands the
- * connection to lx_ws, or refuses. */
+ * connection to lx_ws (after websocket.on_upgrade, if there is one), or
+ * refuses. */
 static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
   http_request_t *r = &hc->req;
   const http_header_t *ver = http_header(r, "sec-websocket-version");
@@ -676,19 +694,57 @@ static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
     reactor_conn_close(c, CONN_LOCAL);
     return;
   }
-  lx_stream_t *st = lx_ws_new(hc->svc->ln, c, lx__cfg(hc->svc)->ws);
+  int hook = lx_ws_cfg_on_upgrade(lx__cfg(hc->svc)->ws);
+  if (hook == LUA_NOREF) {
+    lx__upgrade_accept(c, hc);
+    return;
+  }
+  /* websocket.on_upgrade decides before anything is sent: it refuses by
+   * answering (res:status(403):send()), or returns to accept. */
+  lx_lane_t *ln = hc->svc->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_pushlightuserdata(co, (void *)&lx_upgrade_key);
+  lua_rawget(co, LUA_REGISTRYINDEX);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, hook);
+  lx__push_res(co, ln, c, hc)->upgrade = true;
+  if (!lx__push_req_parts(co, hc, "", 0)) {
+    lua_settop(co, 0);
+    luaL_unref(ln->L, LUA_REGISTRYINDEX, co_ref);
+    lx__refuse(c, hc, 400);
+    return;
+  }
+  hc->state = H_BUSY;
+  reactor_conn_set_timeout(c, 0);
+  lx_call_on(ln, co, co_ref, 2 + LX_REQ_PARTS, LX_CONN, c, NULL, "on_upgrade");
+}
+
+/* The upgrade is accepted: the 101 (with on_upgrade's header lines, if
+ * any) goes out and the connection becomes a WebSocket stream. */
+static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc) {
+  char stack[512];
+  size_t need = 160 + hc->up_hlen;
+  char *resp = need <= sizeof(stack) ? stack : malloc(need);
+  lx_stream_t *st = resp ? lx_ws_new(hc->svc->ln, c, lx__cfg(hc->svc)->ws) : NULL;
   if (!st) {
+    if (resp != stack) free(resp);
     lx__refuse(c, hc, 500);
     return;
   }
+  const http_header_t *key = http_header(&hc->req, "sec-websocket-key");
   char accept[29];
   ws_accept_key(key->value, key->value_len, accept);
-  char resp[160];
-  int n = snprintf(resp, sizeof(resp),
+  int n = snprintf(resp, need,
                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                   "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+                   "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n",
                    accept);
-  reactor_conn_write(c, resp, (size_t)n);
+  if (hc->up_hlen) memcpy(resp + n, hc->up_headers, hc->up_hlen);
+  memcpy(resp + n + hc->up_hlen, "\r\n", 2);
+  reactor_conn_write(c, resp, (size_t)n + hc->up_hlen + 2);
+  if (resp != stack) free(resp);
+  free(hc->up_headers);
+  hc->up_headers = NULL;
+  hc->up_hlen = 0;
   lx__access(c, hc, &hc->req, 101, 0);
   hc->state = H_STREAM;
   hc->stream = st;
@@ -699,6 +755,14 @@ static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
   free(hc->in);
   hc->in = NULL;
   hc->len = hc->cap = hc->head_len = 0;
+}
+
+/* Runs as the connection's callback after on_upgrade accepted. */
+static void lx__upgrade_go(conn_t *c, void *arg) {
+  lx_hconn_t *hc = c ? reactor_conn_udata(c) : NULL;
+  if (!hc || hc->state != H_BUSY || !hc->up_accept) return;
+  hc->up_accept = false;
+  lx__upgrade_accept(c, hc);
 }
 
 static bool lx__is_upgrade(const http_request_t *r) {
@@ -1423,7 +1487,8 @@ static int lx_res_done(lua_State *L) {
  * if nothing was sent yet (else the connection closes). */
 static int lx_res_fail(lua_State *L) {
   lx_res_t *res = lx__res(L);
-  log_error("error in on_request: %s", luaL_optstring(L, 2, "?"));
+  log_error("error in %s: %s", res->upgrade ? "websocket on_upgrade" : "on_request",
+            luaL_optstring(L, 2, "?"));
   if (res->done) return 0;
   lx_hconn_t *hc;
   conn_t *c = lx__res_conn(res, &hc);
@@ -1442,6 +1507,96 @@ static int lx_res_fail(lua_State *L) {
   return lx_res_send(L);
 }
 
+/* Whether the upgrade request offered subprotocol p (in any of its
+ * Sec-WebSocket-Protocol fields, comma-separated; compared exactly, as the
+ * client checks the answer exactly). */
+static bool lx__offered(const http_request_t *r, const char *p, size_t n) {
+  for (int i = 0; i < r->nheaders; i++) {
+    const http_header_t *h = &r->headers[i];
+    if (h->name_len != 22 || strncasecmp(h->name, "sec-websocket-protocol", 22))
+      continue;
+    const char *v = h->value, *end = h->value + h->value_len;
+    while (v < end) {
+      while (v < end && (*v == ' ' || *v == '\t' || *v == ',')) v++;
+      const char *t = v;
+      while (v < end && *v != ',' && *v != ' ' && *v != '\t') v++;
+      if ((size_t)(v - t) == n && n && memcmp(t, p, n) == 0) return true;
+    }
+  }
+  return false;
+}
+
+/* Adds header lines from the table at idx ({ name = value, ... }), with
+ * the checks of res:header; raises on a bad one. */
+static void lx__upgrade_headers(lua_State *L, lx_res_t *res, int idx) {
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    size_t kl, vl;
+    if (lua_type(L, -2) != LUA_TSTRING ||
+        (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER))
+      luaL_error(L, "websocket on_upgrade: headers must map names to strings");
+    const char *k = lua_tolstring(L, -2, &kl);
+    const char *v = lua_tolstring(L, -1, &vl);
+    if (!lx__header_ok(k, kl, true) || !lx__header_ok(v, vl, false))
+      luaL_error(L, "websocket on_upgrade: a bad header name or value (%s)", k);
+    lx__add_header(L, res, k, kl, v, vl);
+    lua_pop(L, 1);
+  }
+}
+
+/* res:_upgrade(v): what websocket.on_upgrade returned. If the handler
+ * answered, the upgrade is refused and that answer stands; otherwise it
+ * is accepted, with v's subprotocol (one the client offered) and header
+ * lines, and the 101 goes out as the connection's next callback. Raises
+ * on a bad v (the wrapper answers 500). */
+static int lx_res_upgrade(lua_State *L) {
+  lx_res_t *res = lx__res(L);
+  if (!res->upgrade) return luaL_error(L, "res:_upgrade: not an upgrade");
+  if (res->started) return lx_res_finish(L); /* a streamed refusal */
+  if (res->done) return 0;
+  lx_hconn_t *hc;
+  conn_t *c = lx__res_conn(res, &hc);
+  if (!c) return 0;
+  if (!lua_isnil(L, 2)) {
+    if (!lua_istable(L, 2))
+      return luaL_error(L, "websocket on_upgrade: return nothing or a table "
+                           "{ protocol =, headers = } (got %s)",
+                        luaL_typename(L, 2));
+    lua_getfield(L, 2, "protocol");
+    if (!lua_isnil(L, -1)) {
+      size_t n;
+      const char *p = lua_tolstring(L, -1, &n);
+      if (lua_type(L, -1) != LUA_TSTRING)
+        return luaL_error(L, "websocket on_upgrade: protocol must be a string");
+      if (!lx__offered(&hc->req, p, n))
+        return luaL_error(L, "websocket on_upgrade: the client did not offer "
+                             "the protocol '%s'", p);
+      lx__add_header(L, res, "Sec-WebSocket-Protocol", 22, p, n);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "headers");
+    if (lua_istable(L, -1))
+      lx__upgrade_headers(L, res, lua_gettop(L));
+    else if (!lua_isnil(L, -1))
+      return luaL_error(L, "websocket on_upgrade: headers must be a table");
+    lua_pop(L, 1);
+  }
+  if (res->hlen) {
+    hc->up_headers = malloc(res->hlen);
+    if (!hc->up_headers) return luaL_error(L, "out of memory");
+    memcpy(hc->up_headers, res->headers, res->hlen);
+    hc->up_hlen = res->hlen;
+  }
+  res->done = true;
+  res->hlen = 0;
+  hc->up_accept = true;
+  if (reactor_conn_task(c, lx__upgrade_go, NULL)) {
+    hc->state = H_CLOSING;
+    reactor_conn_force_close(c, CONN_ERROR);
+  }
+  return 0;
+}
+
 static const luaL_Reg lx_res_methods[] = {
     {"status", lx_res_status},     {"header", lx_res_header},
     {"send", lx_res_send},         {"json", lx_res_json},
@@ -1449,6 +1604,7 @@ static const luaL_Reg lx_res_methods[] = {
     {"redirect", lx_res_redirect}, {"sendfile", lx_res_sendfile},
     {"sse", lx_res_sse},
     {"_done", lx_res_done},        {"_fail", lx_res_fail},
+    {"_upgrade", lx_res_upgrade},
     {NULL, NULL}};
 
 /* ---- static files ---- */
@@ -1927,7 +2083,10 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_rawget(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
-  lua_call(L, 2, 2);
+  lua_call(L, 2, 3);
+  lua_pushlightuserdata(L, (void *)&lx_upgrade_key);
+  lua_insert(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, (void *)&lx_req_build_key);
   lua_insert(L, -2);
   lua_rawset(L, LUA_REGISTRYINDEX);
