@@ -49,6 +49,9 @@ typedef struct {
  * without the token is reported as an error. */
 typedef int (*lx_arm_fn)(lx_lane_t *ln, const lx_run_t *run, lua_State *co);
 extern const char lx_wait_token;
+/* Pushes the real coroutine.yield (scripts see a checked one that raises
+ * when a callback's own coroutine yields outside a waiting API). */
+void lx_push_raw_yield(lua_State *L);
 /* Pushes a Lua function f(...) that calls check(...) (a C function with the
  * lane as upvalue 1, which raises on misuse) and then waits through arm. */
 void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,

@@ -305,9 +305,7 @@ void lx_redis_open(lua_State *L, lx_lane_t *ln) {
     lua_error(L);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_redis_check, 1);
-  lua_getglobal(L, "coroutine");
-  lua_getfield(L, -1, "yield");
-  lua_remove(L, -2);
+  lx_push_raw_yield(L);
   lua_pushlightuserdata(L, (void *)&lx_wait_token);
   lua_pushlightuserdata(L, (void *)lx_redis_arm);
   lua_pushcfunction(L, lx_redis_send);
