@@ -791,6 +791,26 @@ describe("mp.http", function()
       hello_ok(port)
     end)
 
+    it("what nginx refuses and the RFCs say to refuse: a Host that isn't a host (400), a raw byte past ASCII in the target (400), CONNECT (501: no tunnel), a lower-case method (501); extension methods and odd but valid hosts reach the app", function()
+      local _, port = start()
+      refused(port, "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "Bad Request")
+      refused(port, "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400, "Bad Request")
+      refused(port, "GET /\xff HTTP/1.1\r\nHost: t\r\n\r\n", 400, "Bad Request")
+      refused(port, "CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n", 501, "Not Implemented")
+      refused(port, "get / HTTP/1.1\r\nHost: t\r\n\r\n", 501, "Not Implemented")
+      for _, req in ipairs { "PURGE /echo HTTP/1.1\r\nHost: t\r\n\r\n",
+                             "GET /echo HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
+                             "GET /echo/caf%C3%A9 HTTP/1.1\r\nHost: t\r\n\r\n" } do
+        local c = H.connect(port)
+        local rd = reader(c)
+        assert.is_true(H.send(c, req))
+        local r = response(rd)
+        assert.equal(200, r.status, req)
+        c:close()
+      end
+      hello_ok(port)
+    end)
+
     it("431 for a head over max_header or with more than 100 fields; max_header can be raised", function()
       local _, port = start()
       -- under the default 8192: served

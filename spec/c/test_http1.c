@@ -72,12 +72,49 @@ static void test_limits(void) {
 static void test_target_forms(void) {
   const char *good[] = {
       "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
-      "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
       "GET HTTPS://x/y HTTP/1.1\r\nHost: x\r\n\r\n",
       "GET coap+tcp://x/y HTTP/1.1\r\nHost: x\r\n\r\n",
   };
   for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
     CHECK_EQ(parse(good[i]), (int)strlen(good[i]));
+  /* authority-form is CONNECT's own form, and CONNECT is not implemented
+   * (moonport doesn't tunnel): 501, where "CONNECT /x" is malformed (400) */
+  CHECK_EQ(parse("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
+           HTTP_NOT_IMPLEMENTED);
+}
+
+/* What nginx refuses and RFC 9112 / 9110 say to refuse (issue 14). */
+static void test_validation(void) {
+  /* Host must be uri-host[:port] */
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: a?b\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: u@h\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: caf\xc3\xa9\r\n\r\n"), HTTP_BAD);
+  const char *hosts[] = {"x", "example.com:8080", "[::1]:8080", "", "a-b.c_d~e",
+                         "xn--caf-dma.example", "%41b", "127.0.0.1"};
+  for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
+    char buf[128];
+    snprintf(buf, sizeof(buf), "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", hosts[i]);
+    CHECK_EQ(parse(buf), (int)strlen(buf));
+  }
+  /* the target is visible ASCII: a raw byte past 0x7e is refused */
+  CHECK_EQ(parse("GET /caf\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_BAD);
+  CHECK(parse("GET /caf%C3%A9 HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+  /* methods are case-sensitive: "get" is not GET, and no registered
+   * method has a lower-case letter: 501; extension methods go through */
+  CHECK_EQ(parse("get / HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_NOT_IMPLEMENTED);
+  CHECK_EQ(parse("Get / HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_NOT_IMPLEMENTED);
+  CHECK(parse("PURGE / HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+  CHECK(parse("VERSION-CONTROL / HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+  /* the request line of a refused head is still found for the log */
+  size_t start = 99;
+  CHECK_EQ(http_request_line_span("\r\nGET /x HTTP/1.1\r\nHost", 26, &start), 15);
+  CHECK_EQ(start, 2);
+  CHECK_EQ(http_request_line_span("GET /x HTTP/3.0\n", 16, &start), 15);
+  CHECK_EQ(http_request_line_span("GET /x HTTP/1.1", 15, &start), -1); /* not whole */
+  CHECK_EQ(http_request_line_span("BAD\1LINE\r\n\r\n", 13, &start), -1);
 }
 
 static void test_bad(void) {
@@ -288,6 +325,7 @@ int main(void) {
   test_limits();
   test_bad();
   test_target_forms();
+  test_validation();
   test_flags();
   test_chunked();
   test_unescape();

@@ -88,6 +88,31 @@ static bool http__target_ok(const http_request_t *r) {
   return i > 0 && n - i > 3 && memcmp(t + i, "://", 3) == 0;
 }
 
+/* Host = uri-host [ ":" port ] (RFC 9110 7.2, RFC 3986 3.2.2): reg-name
+ * characters (unreserved, sub-delims, %-escapes), an IP literal's
+ * brackets and colons. A space, '/', '?', '#', '@' or a byte past ASCII
+ * can't be part of one. Empty is allowed (a URI without authority). */
+static bool http__host_ok(const char *v, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)v[i];
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+              (ch >= '0' && ch <= '9') || strchr("-._~%!$&'()*+,;=[]:", ch);
+    if (!ok || ch == 0) return false;
+  }
+  return true;
+}
+
+/* A method the server can't implement for any resource (RFC 9110 15.6.2:
+ * 501): CONNECT (moonport doesn't tunnel), and one with a lower-case
+ * letter (methods are case-sensitive and every registered one is upper
+ * case, so "get" is not GET). */
+static bool http__method_unknown(const char *m, size_t n) {
+  if (n == 7 && memcmp(m, "CONNECT", 7) == 0) return true;
+  for (size_t i = 0; i < n; i++)
+    if (m[i] >= 'a' && m[i] <= 'z') return true;
+  return false;
+}
+
 static int http__request_line(const char *s, size_t n, http_request_t *req) {
   size_t i = 0;
   while (i < n && http_tchar[(unsigned char)s[i]]) i++;
@@ -95,7 +120,8 @@ static int http__request_line(const char *s, size_t n, http_request_t *req) {
   req->method = s;
   req->method_len = (uint32_t)i;
   size_t t = ++i;
-  while (i < n && (unsigned char)s[i] > ' ' && s[i] != 0x7f) i++;
+  /* visible ASCII only (RFC 9112 3.2): no control bytes, none past 0x7e */
+  while (i < n && (unsigned char)s[i] > ' ' && (unsigned char)s[i] < 0x7f) i++;
   if (i == t || i >= n || s[i] != ' ') return HTTP_BAD;
   req->target = s + t;
   req->target_len = (uint32_t)(i - t);
@@ -107,6 +133,8 @@ static int http__request_line(const char *s, size_t n, http_request_t *req) {
     return HTTP_BAD;
   if (major != '1' || (minor != '0' && minor != '1')) return HTTP_BAD_VERSION;
   req->minor = minor - '0';
+  if (http__method_unknown(req->method, req->method_len))
+    return HTTP_NOT_IMPLEMENTED;
   return 0;
 }
 
@@ -189,7 +217,7 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
         return HTTP_NOT_IMPLEMENTED;
       te = true;
     } else if (http__ieq(s, c, "host")) {
-      if (host) return HTTP_BAD;
+      if (host || !http__host_ok(h->value, h->value_len)) return HTTP_BAD;
       host = true;
     } else if (http__ieq(s, c, "connection")) {
       conn_close |= http_list_has(h->value, h->value_len, "close");
