@@ -1244,6 +1244,41 @@ describe("mp.http", function()
       assert.equal(0, srv:stop(H.SIGTERM, H.T(10)))
     end)
 
+    it("a reload under keep-alive clients: the draining worker answers the next request with Connection: close instead of closing an idle connection; every request is answered", function()
+      local pidfile = H.tmpdir() .. "/http.pid"
+      local srv, port = start(nil, { options = { "-w", "2", "--pidfile", pidfile, "--drain-timeout", "20" } })
+      H.wait_for(function() return H.exists(pidfile) end, H.T(5), "the pid file")
+      local conns = {}
+      for i = 1, 8 do
+        local c = H.connect(port)
+        conns[i] = { c = c, rd = reader(c) }
+        assert.is_true(H.send(c, get("/who")))
+        local r = response(conns[i].rd)
+        conns[i].pid = tonumber(r.body:match("^(%d+)"))
+        assert.is_nil(r.headers.connection)
+      end
+      local st, out, err = H.run { "--reload", pidfile }
+      assert.equal(0, st, out .. err)
+      -- the old workers drain (20 s): each keep-alive connection is still
+      -- open; its next request is answered, with Connection: close
+      for i, k in ipairs(conns) do
+        assert.is_true(H.send(k.c, get("/who")))
+        local r = response(k.rd, nil, "connection " .. i .. " after the reload")
+        assert.equal(k.pid, tonumber(r.body:match("^(%d+)")), "served by its own (old) worker")
+        assert.equal("close", r.headers.connection)
+        local closed, why = k.rd:closes(H.T(3))
+        assert.is_true(closed, "connection " .. i .. ": " .. tostring(why))
+      end
+      -- fresh connections: the new workers, keep-alive as usual
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, get("/who")))
+      local r = response(rd)
+      assert.is_nil(r.headers.connection)
+      for _, k in ipairs(conns) do assert.is_true(tonumber(r.body:match("^(%d+)")) ~= k.pid) end
+      assert.equal(0, srv:stop(H.SIGTERM, H.T(10)))
+    end)
+
     it("-t 2: both lanes serve, every connection in order", function()
       local srv, port = start(nil, { threads = 2 })
       local lanes, total = {}, 0

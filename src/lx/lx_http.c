@@ -842,7 +842,10 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
         return;
       }
       hc->head_len = (size_t)rc;
-      hc->keep_alive = hc->req.keep_alive;
+      /* A draining server (replaced by a reload or a restart) answers
+       * with Connection: close, and the client's next request goes to the
+       * new process: no idle connection is closed under a request. */
+      hc->keep_alive = hc->req.keep_alive && !reactor_draining(hc->svc->ln->r);
       if (hc->req.content_length > (int64_t)cfg->max_body) {
         lx__refuse(c, hc, 413); /* before reading it */
         return;

@@ -1130,6 +1130,8 @@ static void reactor__begin_drain(void *a, void *b) {
   }
 }
 
+bool reactor_draining(const reactor_t *r) { return r->draining; }
+
 void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms) {
   r->drain_grace = grace_ms; /* read on the loop thread after the post */
   reactor_post(r, reactor__begin_drain, r, (void *)(uintptr_t)drain_ms);
