@@ -92,30 +92,40 @@ static bool http__target_ok(const http_request_t *r) {
  * characters (unreserved, sub-delims, %-escapes), an IP literal's
  * brackets and colons. A space, '/', '?', '#', '@' or a byte past ASCII
  * can't be part of one. Empty is allowed (a URI without authority). */
+static const unsigned char http_hostchar[256] = {
+    ['!'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['('] = 1,
+    [')'] = 1, ['*'] = 1, ['+'] = 1, [','] = 1, ['-'] = 1, ['.'] = 1,
+    [':'] = 1, [';'] = 1, ['='] = 1, ['['] = 1, [']'] = 1, ['_'] = 1,
+    ['~'] = 1,
+    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1,
+    ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1,
+    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1,
+    ['G'] = 1, ['H'] = 1, ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1,
+    ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1,
+    ['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1,
+    ['Y'] = 1, ['Z'] = 1,
+    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1,
+    ['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1,
+    ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1,
+    ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
+    ['y'] = 1, ['z'] = 1,
+};
+
 static bool http__host_ok(const char *v, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)v[i];
-    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-              (ch >= '0' && ch <= '9') || strchr("-._~%!$&'()*+,;=[]:", ch);
-    if (!ok || ch == 0) return false;
-  }
+  for (size_t i = 0; i < n; i++)
+    if (!http_hostchar[(unsigned char)v[i]]) return false;
   return true;
 }
 
-/* A method the server can't implement for any resource (RFC 9110 15.6.2:
- * 501): CONNECT (moonport doesn't tunnel), and one with a lower-case
- * letter (methods are case-sensitive and every registered one is upper
- * case, so "get" is not GET). */
-static bool http__method_unknown(const char *m, size_t n) {
-  if (n == 7 && memcmp(m, "CONNECT", 7) == 0) return true;
-  for (size_t i = 0; i < n; i++)
-    if (m[i] >= 'a' && m[i] <= 'z') return true;
-  return false;
-}
-
-static int http__request_line(const char *s, size_t n, http_request_t *req) {
+/* Inlined into http_parse_head, the hot caller. */
+static inline __attribute__((always_inline)) int
+http__request_line(const char *s, size_t n, http_request_t *req) {
   size_t i = 0;
-  while (i < n && http_tchar[(unsigned char)s[i]]) i++;
+  unsigned lower = 0;
+  while (i < n && http_tchar[(unsigned char)s[i]]) {
+    lower |= (unsigned)(s[i] - 'a') < 26u;
+    i++;
+  }
   if (i == 0 || i >= n || s[i] != ' ') return HTTP_BAD;
   req->method = s;
   req->method_len = (uint32_t)i;
@@ -133,7 +143,11 @@ static int http__request_line(const char *s, size_t n, http_request_t *req) {
     return HTTP_BAD;
   if (major != '1' || (minor != '0' && minor != '1')) return HTTP_BAD_VERSION;
   req->minor = minor - '0';
-  if (http__method_unknown(req->method, req->method_len))
+  /* A method the server can't implement for any resource (RFC 9110
+   * 15.6.2: 501): one with a lower-case letter (methods are case-sensitive
+   * and every registered one is upper case, so "get" is not GET), and
+   * CONNECT (moonport doesn't tunnel). */
+  if (lower || (req->method_len == 7 && memcmp(s, "CONNECT", 7) == 0))
     return HTTP_NOT_IMPLEMENTED;
   return 0;
 }
@@ -196,7 +210,9 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
     size_t v = c + 1, ve = n;
     while (v < ve && (s[v] == ' ' || s[v] == '\t')) v++;
     while (ve > v && (s[ve - 1] == ' ' || s[ve - 1] == '\t')) ve--;
-    for (size_t k = v; k < ve; k++) {
+    /* Host's own check (below) refuses control bytes too */
+    bool is_host = c == 4 && http__ieq(s, c, "host");
+    for (size_t k = v; k < ve && !is_host; k++) {
       unsigned char ch = (unsigned char)s[k];
       if ((ch < ' ' && ch != '\t') || ch == 0x7f) return HTTP_BAD;
     }
@@ -216,7 +232,7 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
       if (te || !http__ieq(h->value, h->value_len, "chunked"))
         return HTTP_NOT_IMPLEMENTED;
       te = true;
-    } else if (http__ieq(s, c, "host")) {
+    } else if (is_host) {
       if (host || !http__host_ok(h->value, h->value_len)) return HTTP_BAD;
       host = true;
     } else if (http__ieq(s, c, "connection")) {

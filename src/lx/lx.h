@@ -164,6 +164,7 @@ struct lx_lane {
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
+  struct lx_http_cache *http_cache; /* lx_http.c's, lx_http_lane_free */
 };
 
 /* ---- lx_lane.c ---- */
@@ -369,6 +370,9 @@ int lx_listen_with(lua_State *L, lx_lane_t *ln,
 
 /* Adds mp.http to the module table at the top of L. */
 void lx_http_open(lua_State *L, lx_lane_t *ln);
+/* Frees what mp.http keeps per lane (buffers idle connections gave back);
+ * after the lane's connections are gone. */
+void lx_http_lane_free(lx_lane_t *ln);
 
 /* The stream (WebSocket or SSE) connection c became, or NULL. */
 typedef struct lx_stream lx_stream_t;

@@ -52,7 +52,11 @@ typedef struct {
   char *in;          /* input not yet consumed */
   size_t len, cap;
   int state;
-  http_request_t req;
+  /* The request in hand (its fields point into `in`). Both it and `in`
+   * come from the lane's cache while a request is arriving or in flight
+   * and go back when the connection is idle, so an idle keep-alive
+   * connection holds neither (lx__idle). */
+  http_request_t *req;
   size_t head_len;   /* of the request in hand */
   http_chunked_t chunk;
   size_t chunk_raw;  /* input bytes the chunked decoder took */
@@ -112,6 +116,78 @@ typedef struct {
 } lx_res_t;
 
 static lx_http_cfg_t *lx__cfg(lx_service_t *s) { return s->ext; }
+
+/* ---- buffers an idle connection gives back ---- */
+
+/* The input buffer a request starts with, and the most of them (and of
+ * request structs, 2.4 KiB each with their field table) a lane keeps for
+ * the next request: a busy lane takes and gives back without malloc, and
+ * a lane with 10,000 idle connections holds 64 of each, not 10,000. */
+#define LX_HTTP_BUF 4096
+#define LX_HTTP_CACHE 64
+
+struct lx_http_cache {
+  char *bufs[LX_HTTP_CACHE];
+  http_request_t *reqs[LX_HTTP_CACHE];
+  int nbufs, nreqs;
+};
+
+static struct lx_http_cache *lx__cache(lx_lane_t *ln) {
+  if (!ln->http_cache) ln->http_cache = calloc(1, sizeof(*ln->http_cache));
+  return ln->http_cache;
+}
+
+void lx_http_lane_free(lx_lane_t *ln) {
+  struct lx_http_cache *k = ln->http_cache;
+  if (!k) return;
+  for (int i = 0; i < k->nbufs; i++) free(k->bufs[i]);
+  for (int i = 0; i < k->nreqs; i++) free(k->reqs[i]);
+  free(k);
+  ln->http_cache = NULL;
+}
+
+/* Gives hc's input buffer (if it is of the usual size) and request struct
+ * back to the lane. */
+static void lx__give_back(lx_hconn_t *hc) {
+  struct lx_http_cache *k = lx__cache(hc->svc->ln);
+  if (hc->in) {
+    if (k && hc->cap == LX_HTTP_BUF && k->nbufs < LX_HTTP_CACHE)
+      k->bufs[k->nbufs++] = hc->in;
+    else
+      free(hc->in);
+  }
+  if (hc->req) {
+    if (k && k->nreqs < LX_HTTP_CACHE)
+      k->reqs[k->nreqs++] = hc->req;
+    else
+      free(hc->req);
+  }
+  hc->in = NULL;
+  hc->req = NULL;
+  hc->len = hc->cap = 0;
+}
+
+/* A request begins: hc gets an input buffer and a request struct. False
+ * when out of memory. */
+static bool lx__take(lx_hconn_t *hc) {
+  struct lx_http_cache *k = lx__cache(hc->svc->ln);
+  if (!hc->req) {
+    hc->req = k && k->nreqs ? k->reqs[--k->nreqs] : malloc(sizeof(*hc->req));
+    if (!hc->req) return false;
+  }
+  if (!hc->in) {
+    hc->in = k && k->nbufs ? k->bufs[--k->nbufs] : malloc(LX_HTTP_BUF);
+    if (!hc->in) return false;
+    hc->cap = LX_HTTP_BUF;
+    hc->len = 0;
+  }
+  return true;
+}
+
+/* Nothing is buffered and no request is in hand: the buffers go back. */
+static void lx__idle(lx_hconn_t *hc) {
+  if (hc->len == 0 && hc->state == H_HEAD) lx__give_back(hc);
+}
 
 static const char *lx__reason(int status) {
   switch (status) {
@@ -293,7 +369,7 @@ static void lx__refuse(conn_t *c, lx_hconn_t *hc, int status) {
                    "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n",
                    status, reason, lx__date(), strlen(reason) + 1, reason);
   reactor_conn_write(c, buf, (size_t)n);
-  lx__access(c, hc, hc->state == H_HEAD ? NULL : &hc->req, status,
+  lx__access(c, hc, hc->state == H_HEAD ? NULL : hc->req, status,
              strlen(reason) + 1);
   hc->state = H_CLOSING;
   reactor_conn_close(c, CONN_LOCAL);
@@ -301,7 +377,7 @@ static void lx__refuse(conn_t *c, lx_hconn_t *hc, int status) {
 
 static void lx__hconn_free(lx_hconn_t *hc) {
   if (!hc) return;
-  free(hc->in);
+  lx__give_back(hc);
   free(hc->body);
   free(hc->up_headers);
   free(hc);
@@ -367,8 +443,12 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
     lx__refuse(c, hc, 408);
     return;
   }
+  if ((!hc->in || !hc->req) && !lx__take(hc)) {
+    lx__refuse(c, hc, 500);
+    return;
+  }
   if (hc->len + len > hc->cap) {
-    size_t cap = hc->cap ? hc->cap : 4096;
+    size_t cap = hc->cap ? hc->cap : LX_HTTP_BUF;
     while (cap < hc->len + len) cap *= 2;
     char *p = realloc(hc->in, cap);
     if (!p) {
@@ -380,7 +460,7 @@ static void lx_http_on_data(conn_t *c, const char *data, size_t len) {
     /* A parsed head waiting for its body points into the buffer: parse it
      * again where it is now (the same bytes: it succeeds as before). */
     if (hc->state == H_BODY || (hc->state == H_BUSY && hc->streaming))
-      http_parse_head(hc->in, hc->len, cfg->max_header, &hc->req);
+      http_parse_head(hc->in, hc->len, cfg->max_header, hc->req);
   }
   memcpy(hc->in + hc->len, data, len);
   hc->len += len;
@@ -546,7 +626,7 @@ static int lx_req_peer(lua_State *L) {
 #define LX_REQ_PARTS 8
 static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
                                size_t blen) {
-  http_request_t *r = &hc->req;
+  http_request_t *r = hc->req;
   const char *t, *q;
   size_t plen, qlen;
   http_target_split(r->target, r->target_len, &t, &plen, &q, &qlen);
@@ -627,9 +707,9 @@ static lx_res_t *lx__push_res(lua_State *L, lx_lane_t *ln, conn_t *c,
   res->uuid = reactor_conn_uuid(c);
   res->ln = ln;
   res->status = 200;
-  res->head_only = hc->req.method_len == 4 && memcmp(hc->req.method, "HEAD", 4) == 0;
+  res->head_only = hc->req->method_len == 4 && memcmp(hc->req->method, "HEAD", 4) == 0;
   res->keep_alive = hc->keep_alive;
-  res->http10 = hc->req.minor == 0;
+  res->http10 = hc->req->minor == 0;
   lua_pushlightuserdata(L, (void *)&lx_res_mt_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
   lua_setmetatable(L, -2);
@@ -677,7 +757,7 @@ static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc);
  * connection to lx_ws (after websocket.on_upgrade, if there is one), or
  * refuses. */
 static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
-  http_request_t *r = &hc->req;
+  http_request_t *r = hc->req;
   const http_header_t *ver = http_header(r, "sec-websocket-version");
   const http_header_t *key = http_header(r, "sec-websocket-key");
   if (r->method_len != 3 || memcmp(r->method, "GET", 3) != 0 || r->minor != 1 ||
@@ -731,7 +811,7 @@ static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc) {
     lx__refuse(c, hc, 500);
     return;
   }
-  const http_header_t *key = http_header(&hc->req, "sec-websocket-key");
+  const http_header_t *key = http_header(hc->req, "sec-websocket-key");
   char accept[29];
   ws_accept_key(key->value, key->value_len, accept);
   int n = snprintf(resp, need,
@@ -745,16 +825,15 @@ static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc) {
   free(hc->up_headers);
   hc->up_headers = NULL;
   hc->up_hlen = 0;
-  lx__access(c, hc, &hc->req, 101, 0);
+  lx__access(c, hc, hc->req, 101, 0);
   hc->state = H_STREAM;
   hc->stream = st;
   reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
   size_t used = hc->head_len < hc->len ? hc->head_len : hc->len;
   lx_ws_begin(c, st, lx__push_upgrade_req, hc, hc->in + used, hc->len - used);
   /* The request's bytes are not needed any more. */
-  free(hc->in);
-  hc->in = NULL;
-  hc->len = hc->cap = hc->head_len = 0;
+  lx__give_back(hc);
+  hc->head_len = 0;
 }
 
 /* Runs as the connection's callback after on_upgrade accepted. */
@@ -779,7 +858,7 @@ static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
   lx_service_t *s = hc->svc;
   lx_lane_t *ln = s->ln;
   lx_http_cfg_t *cfg = lx__cfg(s);
-  if (cfg->ws && lx__is_upgrade(&hc->req)) {
+  if (cfg->ws && lx__is_upgrade(hc->req)) {
     lx__upgrade(c, hc);
     return;
   }
@@ -787,9 +866,9 @@ static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
   if (cfg->on_request == LUA_NOREF) {
     static const char nf[] = "Not Found\n";
     lx_res_t res = {.status = 404, .keep_alive = hc->keep_alive,
-                    .http10 = hc->req.minor == 0,
-                    .head_only = hc->req.method_len == 4 &&
-                                 memcmp(hc->req.method, "HEAD", 4) == 0};
+                    .http10 = hc->req->minor == 0,
+                    .head_only = hc->req->method_len == 4 &&
+                                 memcmp(hc->req->method, "HEAD", 4) == 0};
     bool inlined;
     hc->state = H_BUSY;
     lx__write_head(c, &res, (long long)sizeof(nf) - 1, nf, &inlined);
@@ -821,6 +900,7 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
     if (hc->state == H_HEAD) {
       if (hc->len == 0) {
         reactor_conn_set_timeout(c, cfg->idle_ms);
+        lx__idle(hc);
         return;
       }
       /* Back pressure: reading has stopped, but requests already in the
@@ -832,7 +912,7 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
         reactor_conn_set_timeout(c, cfg->idle_ms);
         return;
       }
-      int rc = http_parse_head(hc->in, hc->len, cfg->max_header, &hc->req);
+      int rc = http_parse_head(hc->in, hc->len, cfg->max_header, hc->req);
       if (rc == HTTP_NEED_MORE) {
         lx__until_deadline(c, hc);
         return;
@@ -845,15 +925,15 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
       /* A draining server (replaced by a reload or a restart) answers
        * with Connection: close, and the client's next request goes to the
        * new process: no idle connection is closed under a request. */
-      hc->keep_alive = hc->req.keep_alive && !reactor_draining(hc->svc->ln->r);
-      if (hc->req.content_length > (int64_t)cfg->max_body) {
+      hc->keep_alive = hc->req->keep_alive && !reactor_draining(hc->svc->ln->r);
+      if (hc->req->content_length > (int64_t)cfg->max_body) {
         lx__refuse(c, hc, 413); /* before reading it */
         return;
       }
       hc->continued = false;
       hc->chunk_raw = 0;
       hc->body_len = 0;
-      if (hc->req.chunked) http_chunked_init(&hc->chunk, cfg->max_header);
+      if (hc->req->chunked) http_chunked_init(&hc->chunk, cfg->max_header);
       hc->state = H_BODY;
       if (cfg->stream_body) {
         lx__stream_start(c, hc);
@@ -862,7 +942,7 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
     }
     const char *body;
     size_t blen, used;
-    if (hc->req.chunked) {
+    if (hc->req->chunked) {
       bool done = false;
       ssize_t n = http_chunked_feed(&hc->chunk, hc->in + hc->head_len + hc->chunk_raw,
                                     hc->len - hc->head_len - hc->chunk_raw,
@@ -885,7 +965,7 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
       blen = hc->body_len;
       used = hc->head_len + hc->chunk_raw;
     } else {
-      blen = hc->req.content_length > 0 ? (size_t)hc->req.content_length : 0;
+      blen = hc->req->content_length > 0 ? (size_t)hc->req->content_length : 0;
       if (hc->len - hc->head_len < blen) goto wait_body;
       body = hc->in + hc->head_len;
       used = hc->head_len + blen;
@@ -896,7 +976,7 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
     lx__dispatch(c, hc, body, blen);
     continue; /* H_BUSY ends the loop unless the handler finished */
   wait_body:
-    if (hc->req.expect_continue && !hc->continued) {
+    if (hc->req->expect_continue && !hc->continued) {
       hc->continued = true;
       static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
       reactor_conn_write(c, cont, sizeof(cont) - 1);
@@ -915,7 +995,7 @@ static void lx__next(conn_t *c, void *arg) {
 
 /* The response of the request in flight is complete. */
 static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive) {
-  lx__access(c, hc, &hc->req, hc->log_status, hc->log_bytes);
+  lx__access(c, hc, hc->req, hc->log_status, hc->log_bytes);
   if (hc->streaming) { /* what is left of its body can't be told from the
                           next request without reading it: close */
     if (!hc->body_done || hc->body_err) keep_alive = false;
@@ -938,24 +1018,26 @@ static void lx__complete(conn_t *c, lx_hconn_t *hc, bool keep_alive) {
   hc->deadline = hc->t_start + lx__cfg(hc->svc)->header_timeout_ms;
   /* Not from here (inside the handler's Lua): pipelined requests run as
    * the connection's next callback. */
-  if (hc->len)
+  if (hc->len) {
     reactor_conn_task(c, lx__next, NULL);
-  else
+  } else {
     reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
+    lx__idle(hc);
+  }
 }
 
 /* ---- streamed request bodies (stream_body) ---- */
 
 /* Bytes of the body that came and Lua has not read. */
 static size_t lx__body_unread(const lx_hconn_t *hc) {
-  if (hc->req.chunked) return hc->body_len;
+  if (hc->req->chunked) return hc->body_len;
   size_t have = hc->len - hc->head_len;
   return (uint64_t)have < hc->body_left ? have : (size_t)hc->body_left;
 }
 
 /* Chunked: decodes what came (into hc->body) and drops its raw bytes. */
 static void lx__body_decode(lx_hconn_t *hc) {
-  if (!hc->req.chunked || hc->body_done || hc->body_err) return;
+  if (!hc->req->chunked || hc->body_done || hc->body_err) return;
   size_t before = hc->body_len;
   bool done = false;
   ssize_t n = http_chunked_feed(&hc->chunk, hc->in + hc->head_len,
@@ -980,7 +1062,7 @@ static void lx__body_decode(lx_hconn_t *hc) {
 /* Whether everything of the body is read (a chunked one: decoded to its
  * end and handed over). */
 static bool lx__body_finished(const lx_hconn_t *hc) {
-  return hc->req.chunked ? hc->body_done && hc->body_len == 0
+  return hc->req->chunked ? hc->body_done && hc->body_len == 0
                          : hc->body_left == 0;
 }
 
@@ -999,7 +1081,7 @@ static int lx__body_take(lua_State *L, conn_t *c, lx_hconn_t *hc) {
     lua_pushnil(L);
     return 1;
   }
-  if (hc->req.chunked) {
+  if (hc->req->chunked) {
     lua_pushlstring(L, hc->body, n);
     hc->body_len = 0;
   } else {
@@ -1023,8 +1105,8 @@ static void lx__stream_start(conn_t *c, lx_hconn_t *hc) {
   hc->body_err = NULL;
   hc->reading = hc->paused = false;
   hc->body_seen = 0;
-  hc->body_left = hc->req.content_length > 0 ? (uint64_t)hc->req.content_length : 0;
-  hc->body_done = !hc->req.chunked && hc->body_left == 0;
+  hc->body_left = hc->req->content_length > 0 ? (uint64_t)hc->req->content_length : 0;
+  hc->body_done = !hc->req->chunked && hc->body_left == 0;
   lx__body_decode(hc);
   lx__dispatch(c, hc, NULL, 0);
 }
@@ -1085,7 +1167,7 @@ static int lx_req_read_now(lua_State *L) {
     lua_pushliteral(L, "closed");
     return 2;
   }
-  if (hc->req.expect_continue && !hc->continued && !hc->body_done) {
+  if (hc->req->expect_continue && !hc->continued && !hc->body_done) {
     hc->continued = true; /* the handler wants the body: let it come */
     static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
     reactor_conn_write(c, cont, sizeof(cont) - 1);
@@ -1453,8 +1535,8 @@ static int lx_res_sse(lua_State *L) {
     res->done = true;
     return lx_push_fail(L, -EPIPE);
   }
-  lx__access(c, hc, &hc->req, res->status, 0);
-  const http_header_t *last = http_header(&hc->req, "last-event-id");
+  lx__access(c, hc, hc->req, res->status, 0);
+  const http_header_t *last = http_header(hc->req, "last-event-id");
   lx_stream_t *st = lx_sse_new(L, res->ln, c, opts, last ? last->value : NULL,
                                last ? last->value_len : 0);
   if (!st) return luaL_error(L, "out of memory");
@@ -1473,6 +1555,7 @@ static int lx_res_sse(lua_State *L) {
   hc->stream = st;
   reactor_conn_set_timeout(c, lx__cfg(hc->svc)->idle_ms);
   lx_sse_begin(c, st);
+  lx__give_back(hc); /* the request's bytes are not needed any more */
   lx_stream_push(L, st);
   if (rc) reactor_conn_close(c, CONN_ERROR);
   return 1;
@@ -1571,7 +1654,7 @@ static int lx_res_upgrade(lua_State *L) {
       const char *p = lua_tolstring(L, -1, &n);
       if (lua_type(L, -1) != LUA_TSTRING)
         return luaL_error(L, "websocket on_upgrade: protocol must be a string");
-      if (!lx__offered(&hc->req, p, n))
+      if (!lx__offered(hc->req, p, n))
         return luaL_error(L, "websocket on_upgrade: the client did not offer "
                              "the protocol '%s'", p);
       lx__add_header(L, res, "Sec-WebSocket-Protocol", 22, p, n);
@@ -1675,9 +1758,9 @@ static int lx__static_head(conn_t *c, lx_hconn_t *hc, int status,
   lx_res_t res;
   memset(&res, 0, sizeof(res));
   res.status = status;
-  res.head_only = lx__is_method(&hc->req, "HEAD");
+  res.head_only = lx__is_method(hc->req, "HEAD");
   res.keep_alive = hc->keep_alive;
-  res.http10 = hc->req.minor == 0;
+  res.http10 = hc->req->minor == 0;
   res.has_type = true; /* set in hdrs when there is a body */
   res.headers = (char *)hdrs;
   res.hlen = hl;
@@ -1726,7 +1809,7 @@ static void lx__static_redirect(conn_t *c, lx_hconn_t *hc, const char *path,
  * ".gz" after it), minding the validators, Range and a .gz sibling. */
 static void lx__static_send(conn_t *c, lx_hconn_t *hc, int fd,
                             struct stat *st, char *rel, size_t n) {
-  http_request_t *r = &hc->req;
+  http_request_t *r = hc->req;
   bool head = lx__is_method(r, "HEAD");
   const char *type = http_static_mime(rel, n);
   /* A precompressed sibling: it makes the answer vary with
@@ -1858,7 +1941,7 @@ static int lx__static_stat(int dirfd, const char *rel, struct stat *st) {
  * every request is answered here. */
 static bool lx__static(conn_t *c, lx_hconn_t *hc) {
   lx_http_cfg_t *cfg = lx__cfg(hc->svc);
-  http_request_t *r = &hc->req;
+  http_request_t *r = hc->req;
   bool app = cfg->on_request != LUA_NOREF;
   bool get = lx__is_method(r, "GET") || lx__is_method(r, "HEAD");
   if (!get && app) return false; /* without a look: the app's request */

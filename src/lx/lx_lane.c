@@ -399,6 +399,7 @@ void lx_lane_free(lx_lane_t *ln) {
     free(s);
   }
   while (ln->services) lx_service_free(ln->services);
+  lx_http_lane_free(ln);
   if (ln->L) lua_close(ln->L);
   free(ln->idle);
   free(ln);
