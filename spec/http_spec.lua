@@ -1244,6 +1244,33 @@ describe("mp.http", function()
       assert.equal(0, srv:stop(H.SIGTERM, H.T(10)))
     end)
 
+    it("3,000 idle keep-alive connections that each made a request cost under 1 KiB each (buffers go back to the lane when idle); they all still work", function()
+      local n = 3000
+      assert(H.raise_nofile(n + 200) >= n + 100, "needs a higher open-file limit")
+      local srv, port = start()
+      local conns = {}
+      local warm = H.connect(port)
+      assert.is_true(H.send(warm, get("/hello")))
+      response(reader(warm))
+      local base = srv:rss_kb()
+      for i = 1, n do
+        local c = H.connect(port)
+        conns[i] = { c = c, rd = reader(c) }
+        assert.is_true(H.send(c, get("/hello")))
+        assert.equal("hello world\n", response(conns[i].rd).body)
+      end
+      H.sleep(0.3)
+      local per = (srv:rss_kb() - base) * 1024 / n
+      if not H.sanitized then
+        assert.is_true(per < 1024, ("%.0f bytes per idle connection"):format(per))
+      end
+      for i = 1, n, 97 do   -- a sample of them, again
+        assert.is_true(H.send(conns[i].c, get("/hello")))
+        assert.equal("hello world\n", response(conns[i].rd).body)
+      end
+      for _, k in ipairs(conns) do k.c:close() end
+    end)
+
     it("a reload under keep-alive clients: the draining worker answers the next request with Connection: close instead of closing an idle connection; every request is answered", function()
       local pidfile = H.tmpdir() .. "/http.pid"
       local srv, port = start(nil, { options = { "-w", "2", "--pidfile", pidfile, "--drain-timeout", "20" } })
