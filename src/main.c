@@ -21,6 +21,7 @@
 #include "cluster/cluster.h"
 #include "cluster/pubsub.h"
 #include "core/log.h"
+#include "core/stats.h"
 #include "lx/lx.h"
 #include "net/sock.h"
 
@@ -392,6 +393,24 @@ static void root_rolled(const char *what, void *arg) {
   reload_status("ok", "every worker runs the new code");
 }
 
+/* A worker process started (the first ones, and each restart). */
+static void root_started(int sink, int ipc_fd, void *arg) {
+  lx_server_t *srv = arg;
+  static int started;
+  if (++started > srv->nworkers)
+    atomic_fetch_add(&stats_server(srv->stats)[STAT_SRV_WORKER_RESTARTS], 1);
+  lx_ipc_worker_started(sink, ipc_fd, arg);
+}
+
+/* A worker process exited: its counters join the totals of the gone, and
+ * its slots are free for the next process on that sink. */
+static void root_exited(int sink, void *arg) {
+  lx_server_t *srv = arg;
+  int per = (int)srv->threads + 1;
+  stats_retire(srv->stats, sink * per, per);
+  lx_ipc_worker_exited(sink, arg);
+}
+
 /* Removes the pid file (and the reload outcome) if it is still ours. */
 static void pidfile_remove(void) {
   char err[256];
@@ -596,9 +615,10 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
   return 0;
 }
 
-static int worker_main(int index, int ipc_fd, void *arg) {
+static int worker_main(int index, int sink, int ipc_fd, void *arg) {
   lx_server_t *srv = arg;
   srv->worker_index = index;
+  srv->sink = sink;
   srv->root = false;
   srv->lanes = NULL; /* the root lane stays the root's */
   srv->ps = NULL;
@@ -657,6 +677,7 @@ static void root_reload(root_t *rt, const char *why) {
   }
   log_warn("%s: reloaded %s; replacing the workers one at a time", why,
            rt->srv->script);
+  atomic_fetch_add(&stats_server(rt->srv->stats)[STAT_SRV_RELOADS], 1);
   reload_rolling = true;
   reload_status("rolling", "the root loaded the new code; replacing the workers");
   cluster_roll(rt->c, "reload");
@@ -761,8 +782,8 @@ static int run_root(lx_server_t *srv, bool watch) {
     return 1;
   }
   handle(SIGCHLD, on_child);
-  cluster_hooks_t hooks = {lx_ipc_worker_started, lx_ipc_worker_exited,
-                           lx_ipc_drain, root_rolled};
+  cluster_hooks_t hooks = {root_started, root_exited, lx_ipc_drain,
+                           root_rolled};
   root_t rt = {.srv = srv, .inotify = -1};
   timer_init(&rt.debounce);
   cluster_t *c = rt.c = cluster_new(root->r, srv->nworkers, srv->grace_ms,
@@ -868,6 +889,12 @@ int main(int argc, char **argv) {
       log_error("cannot open the access log %s: %s", o.log, strerror(errno));
       return 1;
     }
+  }
+  int per = (int)srv.threads + 1;
+  srv.stats = stats_new(srv.nworkers > 1 ? CLUSTER_SINKS(srv.nworkers) * per : per);
+  if (!srv.stats) {
+    log_error("cannot map the counters: %s", strerror(errno));
+    return 1;
   }
   if (new_wake_fd(&srv)) return 1;
   return srv.nworkers > 1 ? run_root(&srv, o.watch) : run_lanes(&srv, -1);

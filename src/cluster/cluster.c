@@ -116,7 +116,7 @@ int cluster_live(const cluster_t *c) {
 }
 
 /* In the child: keep only what the worker needs, then run it. */
-static void cluster__child(cluster_t *c, cluster_slot_t *s, int ipc) {
+static void cluster__child(cluster_t *c, cluster_slot_t *s, int sink, int ipc) {
   /* Learn of the root's death even if it is killed outright: SIGUSR2
    * means "the root is gone" to a worker. */
   prctl(PR_SET_PDEATHSIG, SIGUSR2);
@@ -128,7 +128,7 @@ static void cluster__child(cluster_t *c, cluster_slot_t *s, int ipc) {
   }
   signal(SIGCHLD, SIG_DFL);
   signal(SIGUSR1, SIG_DFL);
-  exit(c->worker(s->index, ipc, c->arg));
+  exit(c->worker(s->index, sink, ipc, c->arg));
 }
 
 /* Starts a process for slot s as s->cur, on `sink`. */
@@ -146,7 +146,7 @@ static int cluster__fork(cluster_slot_t *s, int sink) {
   }
   if (pid == 0) {
     close(sv[0]);
-    cluster__child(c, s, sv[1]);
+    cluster__child(c, s, sink, sv[1]);
   }
   close(sv[1]);
   uint64_t now = reactor_now(c->root);

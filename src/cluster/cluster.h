@@ -19,10 +19,11 @@ typedef struct cluster cluster_t;
 #define CLUSTER_GENERATIONS 4
 #define CLUSTER_SINKS(n) (1 + CLUSTER_GENERATIONS * (n))
 
-/* Runs in a new worker process: `index` is 1..n, `ipc_fd` its end of a
+/* Runs in a new worker process: `index` is 1..n, `sink` its post-office
+ * sink (unique among the live processes), `ipc_fd` its end of a
  * socketpair to the root (EOF there means the root is gone). Returns the
  * process's exit status. */
-typedef int (*cluster_worker_fn)(int index, int ipc_fd, void *arg);
+typedef int (*cluster_worker_fn)(int index, int sink, int ipc_fd, void *arg);
 
 /* In the root: a worker process started on post-office sink `sink` (see
  * CLUSTER_SINKS; (sink - 1) % n + 1 is its number), and `ipc_fd` is

@@ -14,6 +14,7 @@
 #include "cluster/ipc.h"
 #include "cluster/pubsub.h"
 #include "core/defer.h"
+#include "core/stats.h"
 #include "net/reactor.h"
 
 #define MOONPORT_VERSION "0.1.0"
@@ -127,6 +128,11 @@ struct lx_server {
   reactor_t *engine_r;
   bool exiting;       /* root: freeing everything; retired lanes wait */
   int access_fd;      /* --log: one line per HTTP request, or -1 */
+  /* The server's counters (core/stats.h), mapped before any fork; this
+   * process's sink (0: the root, or the only process), whose slots are
+   * [sink * (threads + 1), + threads + 1). */
+  struct stats *stats;
+  int sink;
 };
 
 /* Everything in a lane belongs to the lane's thread (after start-up, which
@@ -165,6 +171,8 @@ struct lx_lane {
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
   struct lx_http_cache *http_cache; /* lx_http.c's, lx_http_lane_free */
+  stats_slot_t *stats;         /* its slot of srv->stats, or NULL */
+  mp_timer_t stats_timer;      /* once a second: its gauges */
 };
 
 /* ---- lx_lane.c ---- */
@@ -373,6 +381,20 @@ void lx_http_open(lua_State *L, lx_lane_t *ln);
 /* Frees what mp.http keeps per lane (buffers idle connections gave back);
  * after the lane's connections are gone. */
 void lx_http_lane_free(lx_lane_t *ln);
+
+/* ---- lx_stats.c: mp.stats(), mp.metrics() ---- */
+
+/* The slot of lane `index` (0-based; the root lane: is_root) of this
+ * process. */
+stats_slot_t *lx_stats_slot(lx_server_t *srv, int index, bool is_root);
+/* Starts / stops the lane's once-a-second gauges (Lua heap, loop lag). */
+void lx_stats_lane_start(lx_lane_t *ln);
+void lx_stats_lane_stop(lx_lane_t *ln);
+/* The whole server's figures in the Prometheus text format (0.0.4), in a
+ * malloc'd string of *len bytes; NULL when out of memory. */
+char *lx_stats_prometheus(lx_server_t *srv, size_t *len);
+/* mp.stats and mp.metrics into the table at the top of L. */
+void lx_stats_open(lua_State *L, lx_lane_t *ln);
 
 /* The stream (WebSocket or SSE) connection c became, or NULL. */
 typedef struct lx_stream lx_stream_t;

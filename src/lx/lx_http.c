@@ -34,6 +34,8 @@ typedef struct {
   int public_fd;   /* the public folder (static files), -1 if none */
   char public_prefix[128]; /* only paths that start with it look there */
   size_t public_prefix_len;
+  char status_path[128];   /* `status`: the metrics' path, or "" */
+  size_t status_len;
   size_t max_header, max_body;
   uint32_t header_timeout_ms, idle_ms;
   bool stream_body; /* on_request runs at the head; req:read() the body */
@@ -310,6 +312,8 @@ static void lx__line_esc(lx_line_t *l, const char *s, size_t n, size_t max) {
 static void lx__access(conn_t *c, lx_hconn_t *hc, const http_request_t *req,
                        int status, uint64_t bytes) {
   lx_server_t *srv = hc->svc->ln->srv;
+  unsigned cls = (unsigned)status / 100;
+  if (cls >= 1 && cls <= 5) stats_add(hc->svc->ln->stats, STAT_HTTP_1XX + (int)cls - 1, 1);
   if (srv->access_fd < 0) return;
   char ip[128];
   int port;
@@ -852,6 +856,38 @@ static bool lx__is_upgrade(const http_request_t *r) {
 
 static bool lx__static(conn_t *c, lx_hconn_t *hc);
 
+/* `status`: GET or HEAD of that path answers the server's metrics in the
+ * Prometheus text format, from C (no Lua runs). */
+static bool lx__status(conn_t *c, lx_hconn_t *hc) {
+  lx_http_cfg_t *cfg = lx__cfg(hc->svc);
+  const char *path, *q;
+  size_t plen, qlen;
+  http_target_split(hc->req->target, hc->req->target_len, &path, &plen, &q, &qlen);
+  if (plen != cfg->status_len || memcmp(path, cfg->status_path, plen) != 0)
+    return false;
+  bool head = hc->req->method_len == 4 && memcmp(hc->req->method, "HEAD", 4) == 0;
+  if (!head && !(hc->req->method_len == 3 && memcmp(hc->req->method, "GET", 3) == 0))
+    return false; /* the app's */
+  size_t n;
+  char *text = lx_stats_prometheus(hc->svc->ln->srv, &n);
+  lx_res_t res = {.status = text ? 200 : 500, .keep_alive = hc->keep_alive,
+                  .http10 = hc->req->minor == 0, .head_only = head};
+  static const char type[] = "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n";
+  memcpy(res.inline_h, type, sizeof(type) - 1);
+  res.headers = res.inline_h;
+  res.hlen = sizeof(type) - 1;
+  res.hcap = sizeof(res.inline_h);
+  res.has_type = true;
+  bool inlined;
+  hc->state = H_BUSY;
+  if (lx__write_head(c, &res, text ? (long long)n : 0, text, &inlined) == 0 &&
+      !inlined && !head && text)
+    reactor_conn_write(c, text, n);
+  free(text);
+  lx__complete(c, hc, res.keep_alive && hc->keep_alive);
+  return true;
+}
+
 /* The request in hand is whole: run on_request. */
 static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
                          size_t blen) {
@@ -862,6 +898,7 @@ static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
     lx__upgrade(c, hc);
     return;
   }
+  if (cfg->status_len && lx__status(c, hc)) return;
   if (cfg->public_fd >= 0 && lx__static(c, hc)) return;
   if (cfg->on_request == LUA_NOREF) {
     static const char nf[] = "Not Found\n";
@@ -2057,6 +2094,17 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   char prefix_copy[128] = {0};
   if (prefix) memcpy(prefix_copy, prefix, prefix_len);
   lua_pop(L, 1);
+  lua_getfield(L, idx, "status");
+  size_t status_len = 0;
+  const char *status = lua_tolstring(L, -1, &status_len);
+  if (!lua_isnil(L, -1) &&
+      (lua_type(L, -1) != LUA_TSTRING || status_len == 0 || status[0] != '/' ||
+       status_len >= sizeof(((lx_http_cfg_t *)0)->status_path)))
+    luaL_error(L, "mp.http: status must be a path that starts with / (under "
+                  "128 bytes)");
+  char status_copy[128] = {0};
+  if (status) memcpy(status_copy, status, status_len);
+  lua_pop(L, 1);
   lua_getfield(L, idx, "on_request");
   lua_getfield(L, idx, "websocket");
   bool has_ws = !lua_isnil(L, -1);
@@ -2115,6 +2163,8 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   cfg->public_fd = public_fd;
   memcpy(cfg->public_prefix, prefix_copy, sizeof(prefix_copy));
   cfg->public_prefix_len = prefix ? prefix_len : 0;
+  memcpy(cfg->status_path, status_copy, sizeof(status_copy));
+  cfg->status_len = status ? status_len : 0;
   lua_getfield(L, idx, "on_request");
   cfg->on_request = lua_isnil(L, -1) ? (lua_pop(L, 1), LUA_NOREF)
                                      : luaL_ref(L, LUA_REGISTRYINDEX);

@@ -302,6 +302,9 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
     free(ln);
     return NULL;
   }
+  timer_init(&ln->stats_timer);
+  ln->stats = lx_stats_slot(srv, index, is_root);
+  if (!on) reactor_set_stats(ln->r, ln->stats);
   lua_State *L = ln->L = luaL_newstate();
   if (!L) {
     snprintf(err, errlen, "cannot create a Lua state");
@@ -355,11 +358,13 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
 
 static void lx__stop_hook(reactor_t *r, void *arg) {
   lx_lane_t *ln = arg;
+  lx_stats_lane_stop(ln);
   lx_call_list(ln, ln->stop_ref, "stop handler");
 }
 
 static void lx__start(void *a, void *b) {
   lx_lane_t *ln = a;
+  lx_stats_lane_start(ln);
   if (!ln->is_root) lx_call_list(ln, ln->worker_start_ref, "worker_start handler");
   lx_call_list(ln, ln->start_ref, "start handler");
 }
@@ -388,6 +393,7 @@ void lx_lane_free(lx_lane_t *ln) {
   }
   ln->closing = true;
   ln->retired = false; /* freeing its services must not post its free */
+  if (ln->r) lx_stats_lane_stop(ln);
   /* Connections and write queues go first: their release callbacks still
    * use the Lua state. reactor_free frees the listeners too. */
   for (struct lx_service *s = ln->services; s; s = s->next) s->listener = NULL;
@@ -440,6 +446,7 @@ static void lx__retire(lx_lane_t *ln) {
   ln->retired = true;
   ln->next_retired = ln->srv->retired;
   ln->srv->retired = ln;
+  lx_stats_lane_stop(ln);
   lx_timers_stop_all(ln);
   lx_sleeps_abandon(ln);
   lx_pubsub_cancel_all(ln);

@@ -318,6 +318,7 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx,
     if (!s || !s->active) continue;
     conn_t *c = s->uuid ? reactor_conn_find(ln->r, s->uuid) : NULL;
     if (s->uuid && !c) continue; /* closing: cancelled at its on_close */
+    stats_add(ln->stats, STAT_PUBSUB_DELIVERED, 1);
     if (s->fwd) { /* straight to the client: no Lua, no waiting its turn */
       s->fwd(ln, c, fc);
       continue;

@@ -141,6 +141,7 @@ static lx_stream_t *lx__stream_new(lx_lane_t *ln, conn_t *c, int kind) {
   st->uuid = reactor_conn_uuid(c);
   st->on_open = st->on_close = st->obj_ref = LUA_NOREF;
   st->code = 1006;
+  stats_add(ln->stats, kind == LX_KIND_WS ? STAT_WS_OPENED : STAT_SSE_OPENED, 1);
   return st;
 }
 
@@ -673,6 +674,7 @@ void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
 void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   lx_lane_t *ln = st->ln;
   (void)reason;
+  stats_add(ln->stats, st->kind == LX_KIND_WS ? STAT_WS_CLOSED : STAT_SSE_CLOSED, 1);
   /* Only a stream subscribes for its connection: a plain HTTP connection
    * has nothing to cancel and skips this look-up. */
   lx_pubsub_conn_closed(ln, st->uuid);

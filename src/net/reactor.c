@@ -2,6 +2,8 @@
  * connection state and event dispatch. */
 #include "net/reactor.h"
 
+#include "core/stats.h"
+
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -51,6 +53,7 @@ enum {
   F_BATCHED = 1u << 13,     /* on the batch list: its queue goes out with the
                                loop iteration's other writes */
   F_PREREAD = 1u << 14,     /* a read's result waits in pre_* (see prefetch) */
+  F_ACCEPTED = 1u << 15,    /* a server connection: counted open (stats) */
 };
 
 /* Events that wait while the connection is held. */
@@ -160,6 +163,7 @@ struct reactor {
    * until the end of the loop iteration, then go out in one system call
    * (net/batch.h); NULL batch: each write is a write(2) at once. */
   net_batch_t *batch;
+  stats_slot_t *stats; /* the lane's counters, or NULL */
   bool batch_tried;
   conn_t *batch_head, *batch_tail;
   char *pbuf;         /* REACTOR_PREFETCH_SLOTS reads ahead of their events */
@@ -383,6 +387,7 @@ static void conn__read(conn_t *c) {
        * bring a new event. After a hang-up, read on to the EOF. */
       if ((size_t)n < cap && !(c->flags & F_PEER_HUP))
         c->flags &= ~F_READ_PENDING;
+      stats_add(r->stats, STAT_BYTES_IN, (uint64_t)n);
       if (c->proto->on_data) {
         c->hold++;
         c->proto->on_data(c, buf, (size_t)n);
@@ -425,6 +430,7 @@ static void conn__finish(conn_t *c) {
   if (!(c->flags & F_NOTIFIED)) {
     c->flags |= F_NOTIFIED;
     c->hold++;
+    if (c->flags & F_ACCEPTED) stats_add(c->r->stats, STAT_CONN_CLOSED, 1);
     if (c->flags & F_FAILED) {
       if (c->proto->on_fail) c->proto->on_fail(c, c->fail_err);
     } else if (c->proto->on_close) {
@@ -559,6 +565,7 @@ static int conn__write(conn_t *c, const void *data, size_t len,
     rc = -EPIPE;
     goto fail;
   }
+  stats_add(c->r->stats, STAT_BYTES_OUT, len);
   if ((c->flags & F_BATCHED) && c->wq.bytes + len > REACTOR_BATCH_MAX) {
     /* Past what a batch carries: what waits goes out now, directly, and
      * this write after it, so bulk output never piles up in memory until
@@ -640,6 +647,7 @@ int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len) {
   bool was_empty = c->wq.head == NULL;
   int rc = sock_wq_push_file(&c->wq, file_fd, offset, len);
   if (rc) return rc;
+  stats_add(c->r->stats, STAT_BYTES_OUT, len);
   conn__after_queue(c);
   if (was_empty && (c->flags & F_OPEN)) conn__flush(c);
   return 0;
@@ -808,11 +816,12 @@ void reactor_adopt(reactor_t *r, int fd, const proto_t *proto, void *service,
     close(fd);
     return;
   }
-  conn_t *c = conn__new(r, fd, proto, service, opts, F_OPEN);
+  conn_t *c = conn__new(r, fd, proto, service, opts, F_OPEN | F_ACCEPTED);
   if (!c) {
     close(fd);
     return;
   }
+  stats_add(r->stats, STAT_CONN_ACCEPTED, 1);
   if (proto->on_open) conn__call(c, proto->on_open);
   if (c->flags & F_DEAD) conn__enqueue(c, 0);
 }
@@ -1131,6 +1140,8 @@ static void reactor__begin_drain(void *a, void *b) {
 }
 
 bool reactor_draining(const reactor_t *r) { return r->draining; }
+
+void reactor_set_stats(reactor_t *r, stats_slot_t *slot) { r->stats = slot; }
 
 void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms) {
   r->drain_grace = grace_ms; /* read on the loop thread after the post */

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "core/stats.h"
 #include "core/timer.h"
 #include "net/sock.h"
 
@@ -115,6 +116,11 @@ void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms);
  * a server that accepts rather than having an idle connection closed
  * under a request it is sending. */
 bool reactor_draining(const reactor_t *r);
+
+/* Counts accepted and closed server connections and bytes read and
+ * written into `slot` (core/stats.h), or nothing with NULL. Reactor
+ * thread, before or between iterations. */
+void reactor_set_stats(reactor_t *r, stats_slot_t *slot);
 
 /* The reactor's timer heap, for timer_start/timer_stop (reactor thread;
  * use reactor_now for `now`). */

@@ -479,6 +479,10 @@ void redis_engine_free(redis_engine_t *e) {
   free(e);
 }
 
+bool redis_engine_up(const redis_engine_t *e) {
+  return e->sub->up && e->pub->up;
+}
+
 static void redis__close_fd(redis_link_t *l) {
   if (l && l->ac && l->ac->c.fd >= 0) close(l->ac->c.fd);
 }

@@ -80,6 +80,8 @@ redis_engine_t *redis_engine_new(reactor_t *r, const redis_url_t *u,
                                  redis_msg_fn on_msg, redis_each_fn each,
                                  void *arg);
 void redis_engine_free(redis_engine_t *e);
+/* Both of the engine's connections are up. */
+bool redis_engine_up(const redis_engine_t *e);
 /* In a process forked from the engine's: closes its sockets, frees
  * nothing (the memory is the parent's copy). */
 void redis_engine_close_fds(redis_engine_t *e);
