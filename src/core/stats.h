@@ -62,8 +62,12 @@ _Atomic uint64_t *stats_server(stats_t *s);
 /* Seconds since stats_new. */
 double stats_uptime(const stats_t *s);
 
+/* A slot has one writer, so an add is a relaxed load and store (no locked
+ * instruction on the hot path); readers see each value whole. */
 static inline void stats_add(stats_slot_t *sl, int what, uint64_t n) {
-  if (sl) atomic_fetch_add_explicit(&sl->v[what], n, memory_order_relaxed);
+  if (!sl) return;
+  uint64_t v = atomic_load_explicit(&sl->v[what], memory_order_relaxed);
+  atomic_store_explicit(&sl->v[what], v + n, memory_order_relaxed);
 }
 static inline void stats_set(stats_slot_t *sl, int what, uint64_t v) {
   if (sl) atomic_store_explicit(&sl->v[what], v, memory_order_relaxed);
