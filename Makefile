@@ -81,6 +81,7 @@ bench: all
 	@bash scripts/bench-redis
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
 	@bash scripts/bench-reload   # errors clients see through 100 reloads, against nginx
+	@bash scripts/bench-idle     # bytes per idle TCP, HTTP and WebSocket connection
 
 run: setup
 	@$(MAKE) --no-print-directory all
