@@ -277,10 +277,7 @@ static int lx_metrics(lua_State *L) {
 }
 
 void lx_stats_open(lua_State *L, lx_lane_t *ln) {
+  static const luaL_Reg fns[] = {{"stats", lx_stats}, {"metrics", lx_metrics}, {NULL, NULL}};
   lua_pushlightuserdata(L, ln);
-  lua_pushcclosure(L, lx_stats, 1);
-  lua_setfield(L, -2, "stats");
-  lua_pushlightuserdata(L, ln);
-  lua_pushcclosure(L, lx_metrics, 1);
-  lua_setfield(L, -2, "metrics");
+  luaL_setfuncs(L, fns, 1);
 }
