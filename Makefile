@@ -117,7 +117,7 @@ uninstall:
 # the tracked files under build/deb/ (so its clean step never touches this
 # tree's build/); the .deb lands in build/deb/. `make test-deb` builds it
 # and checks it (scripts/test-deb). Neither is part of `make test`.
-DEB_VERSION := $(shell dpkg-parsechangelog -S Version 2>/dev/null)
+DEB_VERSION = $(shell dpkg-parsechangelog -S Version 2>/dev/null)
 deb:
 	@bash scripts/setup --deb
 	rm -rf build/deb && mkdir -p build/deb/moonport-$(DEB_VERSION)
