@@ -28,7 +28,7 @@ UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN     := $(OUT)/moonport
 
 .PHONY: all setup test test-unit test-spec test-direct test-asan test-tsan bench run clean \
-        fuzz fuzz-ci fuzz-build test-diff
+        fuzz fuzz-ci fuzz-build test-diff install uninstall deb test-deb
 all: $(BIN)
 	@if [ "$(VARIANT)" = release ]; then ln -sf release/moonport build/moonport; fi
 
@@ -85,7 +85,50 @@ bench: all
 
 run: setup
 	@$(MAKE) --no-print-directory all
-	./build/moonport examples/echo.lua
+	./build/moonport --log-level info examples/echo.lua
+
+# `make install PREFIX=/usr/local DESTDIR=`: the binary, the man page, the
+# docs and the examples (the systemd unit and logrotate file are in
+# contrib/; the Debian package installs them). INSTALL_BIN picks another
+# build of the binary (the install spec uses the one it tests).
+PREFIX      ?= /usr/local
+DESTDIR     ?=
+BINDIR      ?= $(PREFIX)/bin
+MANDIR      ?= $(PREFIX)/share/man
+DOCDIR      ?= $(PREFIX)/share/doc/moonport
+INSTALL_BIN ?= $(BIN)
+DOCS        := README.md docs/API.md docs/ARCHITECTURE.md
+EXAMPLES    := $(wildcard examples/*.lua)
+
+install: $(INSTALL_BIN)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 \
+	  $(DESTDIR)$(DOCDIR)/examples/chat $(DESTDIR)$(DOCDIR)/contrib
+	install -m 755 $(INSTALL_BIN) $(DESTDIR)$(BINDIR)/moonport
+	install -m 644 docs/moonport.1 $(DESTDIR)$(MANDIR)/man1/moonport.1
+	install -m 644 $(DOCS) $(DESTDIR)$(DOCDIR)/
+	install -m 644 $(EXAMPLES) $(DESTDIR)$(DOCDIR)/examples/
+	install -m 644 examples/chat/* $(DESTDIR)$(DOCDIR)/examples/chat/
+	install -m 644 contrib/moonport.service contrib/moonport.logrotate \
+	  contrib/app.lua $(DESTDIR)$(DOCDIR)/contrib/
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/moonport $(DESTDIR)$(MANDIR)/man1/moonport.1
+	rm -rf $(DESTDIR)$(DOCDIR)
+
+# The Debian package (debian/), built with dpkg-buildpackage from a copy of
+# the tracked files under build/deb/ (so its clean step never touches this
+# tree's build/); the .deb lands in build/deb/. `make test-deb` builds it
+# and checks it (scripts/test-deb). Neither is part of `make test`.
+DEB_VERSION = $(shell dpkg-parsechangelog -S Version 2>/dev/null)
+deb:
+	@bash scripts/setup --deb
+	rm -rf build/deb && mkdir -p build/deb/moonport-$(DEB_VERSION)
+	git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C build/deb/moonport-$(DEB_VERSION)
+	cd build/deb/moonport-$(DEB_VERSION) && dpkg-buildpackage -us -uc -b
+	@ls build/deb/*.deb
+
+test-deb: deb
+	@bash scripts/test-deb build/deb/moonport_$(DEB_VERSION)_*.deb
 
 # libFuzzer targets (clang) for the HTTP and WebSocket parsers, run on a
 # scratch copy of fuzz/corpus/; see docs/FUZZING.md.

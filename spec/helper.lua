@@ -388,7 +388,34 @@ end
 
 function Server:pid() return self._pid end
 function Server:stdout() return H.read_file(self.out_path) or "" end
-function Server:stderr() return H.read_file(self.err_path) or "" end
+
+-- Every line of moonport's own log has one fixed format (src/core/log.h):
+--   2026-12-01T09:48:38.123Z warn w1 [4243] moonport: the message
+-- (UTC time, level, process: root / wN, pid, source: moonport / lua).
+-- H.log_fields(line) parses one such line: time, level, worker, pid,
+-- source, message; nil for any other line (a sanitizer report, a script's
+-- io.stderr:write). The specs match messages in the form "moonport: the
+-- message", so Server:stderr() gives each well-formed line that way; a
+-- line not in the format is left as it is (and fails such a match).
+-- Server:raw_stderr() is the text as written; spec/log_spec.lua checks it.
+local LOG_LEVELS = { error = true, warn = true, info = true, debug = true }
+function H.log_fields(line)
+  local ts, level, who, pid, source, msg = line:match(
+    "^(%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ) (%a+) (%S+) %[(%d+)%] (%a+): (.*)$")
+  if not ts or not LOG_LEVELS[level] then return nil end
+  if who ~= "root" and who ~= "-" and not who:match("^w%d+$") then return nil end
+  return { time = ts, level = level, worker = who, pid = tonumber(pid), source = source, message = msg }
+end
+
+function H.strip_log(text)
+  return (text:gsub("[^\n]+", function(line)
+    local f = H.log_fields(line)
+    if f then return f.source .. ": " .. f.message end
+  end))
+end
+
+function Server:raw_stderr() return H.read_file(self.err_path) or "" end
+function Server:stderr() return H.strip_log(self:raw_stderr()) end
 
 --- Non-blocking reap. Returns status, how ("exit"/"signal") once exited.
 function Server:poll()
@@ -439,7 +466,7 @@ function Server:describe()
   elseif self.status then state = self.how .. " status " .. self.status end
   return ("%s (pid %d, %s)\n--- stdout:\n%s\n--- stderr:\n%s"):format(
     table.concat(self.argv, " "), self._pid, state,
-    tail(self:stdout(), 3000), tail(self:stderr(), 4000))
+    tail(self:stdout(), 3000), tail(self:raw_stderr(), 4000))
 end
 
 --- Sanitizer report text from stderr, or nil.

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,12 +24,14 @@
 #include "cluster/pubsub.h"
 #include "core/log.h"
 #include "core/stats.h"
+#include "core/notify.h"
 #include "lx/lx.h"
 #include "net/sock.h"
 
 static const char usage[] =
     "usage: moonport [options] script.lua [script args...]\n"
     "       moonport --reload PIDFILE\n"
+    "       moonport --reopen-logs PIDFILE\n"
     "\n"
     "Runs a Lua script that serves TCP and Unix sockets (see docs/API.md).\n"
     "\n"
@@ -39,6 +43,13 @@ static const char usage[] =
     "                    redis://[:password@]host[:port][/db] [MOONPORT_REDIS]\n"
     "  --log PATH        an access log of mp.http requests (combined\n"
     "                    format and the seconds taken; - for stdout)\n"
+    "  --error-log PATH  moonport's own log (and anything else written to\n"
+    "                    stderr) goes to PATH instead of stderr\n"
+    "  --log-level LEVEL error, warn (the default), info or debug: the\n"
+    "                    most verbose lines logged [MOONPORT_LOG_LEVEL]\n"
+    "  --reopen-logs PIDFILE  ask the server with that pid file to reopen\n"
+    "                    its --log and --error-log files (as kill -WINCH\n"
+    "                    does), after logrotate moved them\n"
     "  --pidfile PATH    write the root's pid to PATH\n"
     "  --reload PIDFILE  ask the server with that pid file to reload its\n"
     "                    script (as kill -HUP does) and wait: exit 0 once\n"
@@ -56,7 +67,8 @@ static const char usage[] =
     "                    VM (1) [MOONPORT_THREADS]\n"
     "  -g, --grace SEC   graceful shutdown deadline in seconds (8)\n"
     "                    [MOONPORT_GRACE]\n"
-    "  -v, --verbose     log lifecycle events [MOONPORT_VERBOSE=1]\n"
+    "  -v, --verbose     log lifecycle events: --log-level info\n"
+    "                    [MOONPORT_VERBOSE=1]\n"
     "  -h, --help        this text\n"
     "  -V, --version     the version\n";
 
@@ -66,13 +78,15 @@ typedef struct {
   const char *pidfile;
   const char *redis;   /* --redis URL */
   const char *log;     /* --log PATH */
+  const char *error_log; /* --error-log PATH */
   const char *reload;  /* --reload PIDFILE */
+  const char *reopen;  /* --reopen-logs PIDFILE */
+  int log_level;       /* enum log_level, or -1: the default */
   bool watch;
   long max_memory; /* MB, 0: none */
   long workers;
   long threads;
   double grace;
-  bool verbose;
 } options_t;
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -124,7 +138,13 @@ static int parse_env(options_t *o) {
       !parse_double(v, 0, 86400, &o->grace))
     return 1 + usage_error("MOONPORT_GRACE must be 0 to 86400 seconds, not '%s'", v);
   if ((v = getenv("MOONPORT_VERBOSE")) && *v && strcmp(v, "0") != 0)
-    o->verbose = true;
+    o->log_level = LOG_INFO;
+  enum log_level lv;
+  if ((v = getenv("MOONPORT_LOG_LEVEL")) && *v) {
+    if (log_parse_level(v, &lv) != 0)
+      return 1 + usage_error("MOONPORT_LOG_LEVEL must be error, warn, info or debug, not '%s'", v);
+    o->log_level = (int)lv;
+  }
   return 0;
 }
 
@@ -156,7 +176,22 @@ static int parse_args(int argc, char **argv, options_t *o) {
       printf("moonport %s\n", MOONPORT_VERSION);
       return -1;
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-      o->verbose = true;
+      o->log_level = LOG_INFO;
+    } else if (strncmp(a, "--log-level", 11) == 0) {
+      if (a[11] && a[11] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, 11);
+      if (!v) return -usage_error("%s needs a level (error, warn, info, debug)", a) - 1;
+      enum log_level lv;
+      if (log_parse_level(v, &lv) != 0)
+        return -usage_error("--log-level must be error, warn, info or debug, not '%s'", v) - 1;
+      o->log_level = (int)lv;
+    } else if (strncmp(a, "--error-log", 11) == 0 ||
+               strncmp(a, "--reopen-logs", 13) == 0) {
+      size_t skip = a[3] == 'r' ? 11 : 13;
+      if (a[skip] && a[skip] != '=') return -usage_error("unknown option '%s'", a) - 1;
+      v = opt_value(argc, argv, &i, a, skip);
+      if (!v || !*v) return -usage_error("%s needs a file name", a) - 1;
+      *(skip == 11 ? &o->error_log : &o->reopen) = v;
     } else if (strncmp(a, "--drain-timeout", 15) == 0) {
       if (a[15] && a[15] != '=') return -usage_error("unknown option '%s'", a) - 1;
       v = opt_value(argc, argv, &i, a, 15);
@@ -218,7 +253,7 @@ static int parse_args(int argc, char **argv, options_t *o) {
       return -usage_error("unknown option '%s'", a) - 1;
     }
   }
-  if (o->reload) return i;
+  if (o->reload || o->reopen) return i;
   if (i >= argc) return -usage_error("%s", "no script given") - 1;
   return i;
 }
@@ -233,6 +268,7 @@ static _Atomic int root_gone;        /* a worker's root died (SIGUSR2) */
 static _Atomic int children_exited;  /* the root got SIGCHLD */
 static _Atomic int restarts_asked;   /* the root got SIGUSR1 */
 static _Atomic int reloads_asked;    /* SIGHUP */
+static _Atomic int reopens_asked;    /* SIGWINCH: reopen the log files */
 static int wake_fd = -1;             /* eventfd the main thread polls */
 
 static void wake(void) {
@@ -262,6 +298,13 @@ static void on_reload(int sig) {
   errno = saved;
 }
 
+static void on_reopen(int sig) {
+  int saved = errno;
+  atomic_fetch_add(&reopens_asked, 1);
+  wake();
+  errno = saved;
+}
+
 static void on_child(int sig) {
   int saved = errno;
   atomic_store(&children_exited, 1);
@@ -286,6 +329,34 @@ static void handle(int sig, void (*fn)(int)) {
   struct sigaction sa = {.sa_handler = fn, .sa_flags = SA_RESTART};
   sigemptyset(&sa.sa_mask);
   sigaction(sig, &sa, NULL);
+}
+
+/* ---- reopening the logs (logrotate) ----
+ *
+ * SIGWINCH asks a process to reopen its --log and --error-log files by
+ * name: logrotate moves a file away and signals, lines written until the
+ * signal is handled still go to the moved file, later ones to a new file
+ * at the old name, and none is lost (log_reopen_fd swaps the file under
+ * the same fd, so a write in flight on another lane lands whole in one of
+ * them). SIGWINCH because the others are taken: HUP reloads, USR1
+ * restarts the workers, USR2 tells a worker its root died, and the real
+ * time signals have no name logrotate scripts and kill(1) users know. A
+ * terminal sends WINCH to its foreground group when it is resized; that
+ * reopens the same files, which is harmless. The root reopens its own
+ * files first (workers it forks later inherit the new ones) and passes
+ * the signal to every worker. Main (or root) thread only. */
+
+static const char *access_path; /* --log, unless "-" */
+static const char *error_path;  /* --error-log */
+
+static void reopen_logs(lx_server_t *srv) {
+  int rc;
+  if (error_path && (rc = log_reopen_fd(STDERR_FILENO, error_path)))
+    log_error("cannot reopen the error log %s: %s", error_path, strerror(-rc));
+  if (access_path && srv->access_fd >= 0 &&
+      (rc = log_reopen_fd(srv->access_fd, access_path)))
+    log_error("cannot reopen the access log %s: %s", access_path, strerror(-rc));
+  log_info("SIGWINCH: reopened the log files");
 }
 
 /* ---- the pid file ---- */
@@ -391,6 +462,7 @@ static void root_rolled(const char *what, void *arg) {
   if (!reload_rolling) return;
   reload_rolling = false;
   reload_status("ok", "every worker runs the new code");
+  notify_send("READY=1\nSTATUS=serving");
 }
 
 /* A worker process started (the first ones, and each restart). */
@@ -462,6 +534,23 @@ static int reload_other(const char *path) {
   return 1;
 }
 
+/* moonport --reopen-logs PIDFILE: signals the server and returns at once
+ * (the root passes the signal on to its workers). */
+static int reopen_other(const char *path) {
+  char err[4200];
+  pid_t pid = pidfile_read(path, err, sizeof(err));
+  if (!pid) {
+    fprintf(stderr, "moonport: %s\n", err);
+    return 1;
+  }
+  if (kill(pid, SIGWINCH) != 0) {
+    fprintf(stderr, "moonport: cannot signal pid %d (from %s): %s\n",
+            (int)pid, path, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
 /* A shutdown's deadline passed and a lane is still in a Lua callback (an
  * endless loop can't be stopped from outside its thread): say which, and
  * end the process without it. */
@@ -503,6 +592,72 @@ static int new_wake_fd(lx_server_t *srv) {
   return -1;
 }
 
+/* ---- the start line ---- */
+
+/* Appends the URL of the listening socket of service `s` to out. */
+static size_t listener_url(const lx_service_t *s, char *out, size_t len) {
+  const lx_shared_listener_t *sl = s->shared;
+  bool http = s->ext != NULL; /* only mp.http services have settings */
+  if (sl->path)
+    return (size_t)snprintf(out, len, "%s:%s", http ? "http+unix" : "unix",
+                            sl->path);
+  struct sockaddr_storage ss;
+  socklen_t sl_len = sizeof(ss);
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (getsockname(sl->fd, (struct sockaddr *)&ss, &sl_len) == 0) {
+    if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+      port = ntohs(a->sin6_port);
+      return (size_t)snprintf(out, len, "%s://[%s]:%d", http ? "http" : "tcp",
+                              host, port);
+    }
+    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  }
+  return (size_t)snprintf(out, len, "%s://%s:%d", http ? "http" : "tcp", host,
+                          port);
+}
+
+/* One line (at info) saying what is served: the version, the script,
+ * every listening socket as a URL, workers x lanes. Call while no lane
+ * thread runs (it reads the lanes' service lists). */
+static void announce(lx_server_t *srv) {
+  if (log_get_level() < LOG_INFO) return;
+  char urls[2048];
+  size_t at = 0;
+  const lx_shared_listener_t *seen[64];
+  int nseen = 0;
+  urls[0] = 0;
+  size_t nlanes = srv->root ? 1 : srv->nlanes; /* the root has its lane */
+  for (size_t i = 0; i < nlanes; i++) {
+    /* Services are listed newest first: collect, then print in order. */
+    const lx_service_t *list[64];
+    int n = 0;
+    for (const lx_service_t *s = srv->lanes[i]->services; s && n < 64;
+         s = s->next) {
+      if (!s->shared || s->client || (s->closed && !srv->lanes[i]->is_root))
+        continue;
+      bool dup = false;
+      for (int k = 0; k < nseen && !dup; k++) dup = seen[k] == s->shared;
+      for (int k = 0; k < n && !dup; k++) dup = list[k]->shared == s->shared;
+      if (!dup) list[n++] = s;
+    }
+    for (int k = n - 1; k >= 0 && at < sizeof(urls) - 1; k--) {
+      if (nseen < 64) seen[nseen++] = list[k]->shared;
+      if (at) at += (size_t)snprintf(urls + at, sizeof(urls) - at, ", ");
+      if (at < sizeof(urls) - 1)
+        at += listener_url(list[k], urls + at, sizeof(urls) - at);
+    }
+  }
+  log_info("version %s serving %s on %s; %d worker%s x %zu lane%s",
+           MOONPORT_VERSION, srv->script, at ? urls : "no socket",
+           srv->nworkers, srv->nworkers == 1 ? "" : "s", srv->threads,
+           srv->threads == 1 ? "" : "s");
+}
+
 /* Serves with T lanes in this process: the whole server when there is one
  * worker, or one worker of several (ipc_fd >= 0: its link to the root).
  * Returns the exit status. */
@@ -540,6 +695,8 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     handle(SIGUSR2, on_root_gone);
   else
     handle(SIGHUP, on_reload);
+  handle(SIGWINCH, on_reopen);
+  if (ipc_fd < 0) announce(srv);
   defer_pool_t *pool = defer_pool_new(srv->nlanes, lane_thread, srv);
   if (!pool) {
     log_error("cannot start %zu threads: %s", srv->nlanes, strerror(errno));
@@ -547,9 +704,13 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     return 1;
   }
   lx_ipc_ready(srv);
-  log_info("started: %zu lane%s, script %s", srv->nlanes,
-           srv->nlanes == 1 ? "" : "s", srv->script);
-  if (ipc_fd < 0) pidfile_write();
+  if (ipc_fd >= 0)
+    log_info("started: %zu lane%s, script %s", srv->nlanes,
+             srv->nlanes == 1 ? "" : "s", srv->script);
+  if (ipc_fd < 0) {
+    pidfile_write();
+    notify_send("READY=1");
+  }
 
   int handled = 0;
   bool orphan = false;
@@ -566,6 +727,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     ssize_t r = read(wake_fd, &v, sizeof(v));
     (void)r;
     lx_ipc_watchdog(srv);
+    if (atomic_exchange(&reopens_asked, 0)) reopen_logs(srv);
     if (atomic_exchange(&reloads_asked, 0)) {
       log_warn("SIGHUP: reloading needs worker processes (-w 2 or more: "
                "reload replaces them); nothing changed");
@@ -600,6 +762,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     int seen = atomic_load(&signals_seen);
     if (seen == handled) continue;
     int sig = atomic_load(&last_signal);
+    if (handled == 0 && ipc_fd < 0 && !orphan) notify_send("STOPPING=1");
     log_info("%s: %s", sig == SIGINT ? "SIGINT" : "SIGTERM",
              handled == 0 ? "shutting down gracefully" : "closing now");
     for (size_t i = 0; i < srv->nlanes; i++)
@@ -617,6 +780,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
 
 static int worker_main(int index, int sink, int ipc_fd, void *arg) {
   lx_server_t *srv = arg;
+  log_set_worker(index);
   srv->worker_index = index;
   srv->sink = sink;
   srv->root = false;
@@ -647,6 +811,11 @@ static void root_news(int type, int sink, const char *msg, size_t len,
   cluster_t *c = arg;
   if (type == IPC_READY) {
     cluster_ready(c, sink);
+    static bool ready_told; /* root thread only */
+    if (!ready_told && cluster_serving(c)) {
+      ready_told = true;
+      notify_send("READY=1");
+    }
   } else if (type == IPC_BEAT) {
     cluster_beat(c, sink);
   } else if (type == IPC_STUCK) {
@@ -670,9 +839,11 @@ static void root_reload(root_t *rt, const char *why) {
   char err[1024];
   reload_seq++;
   log_info("%s: reloading %s", why, rt->srv->script);
+  notify_reloading();
   if (!lx_lane_reload_root(rt->srv, err, sizeof(err))) {
     log_error("reload failed; the old code keeps serving: %s", err);
     reload_status("failed", err);
+    notify_send("READY=1\nSTATUS=the last reload failed; the old code serves");
     return;
   }
   log_warn("%s: reloaded %s; replacing the workers one at a time", why,
@@ -737,6 +908,10 @@ static void root_wake(void *arg) {
   (void)r;
   static int handled;
   if (atomic_exchange(&children_exited, 0)) cluster_reap(c);
+  if (atomic_exchange(&reopens_asked, 0)) {
+    reopen_logs(rt->srv);
+    cluster_signal(c, SIGWINCH);
+  }
   if (atomic_exchange(&restarts_asked, 0)) {
     log_info("SIGUSR1: restarting the workers one at a time");
     cluster_roll(c, "rolling restart");
@@ -751,6 +926,7 @@ static void root_wake(void *arg) {
       root_reload(rt, "SIGHUP");
   }
   if (seen != handled) {
+    if (!handled) notify_send("STOPPING=1");
     log_info("%s: stopping the workers",
              atomic_load(&last_signal) == SIGINT ? "SIGINT" : "SIGTERM");
     handled = seen;
@@ -812,9 +988,9 @@ static int run_root(lx_server_t *srv, bool watch) {
   handle(SIGTERM, on_stop_signal);
   handle(SIGUSR1, on_restart);
   handle(SIGHUP, on_reload);
+  handle(SIGWINCH, on_reopen);
   pidfile_write();
-  log_info("root started: %d workers of %zu lane%s, script %s", srv->nworkers,
-           srv->threads, srv->threads == 1 ? "" : "s", srv->script);
+  announce(srv);
   lx_lane_run(root);
   /* The loop ends once every worker is gone (cluster_stop). */
   cluster_free(c);
@@ -845,18 +1021,31 @@ static long cpu_count(void) {
 }
 
 int main(int argc, char **argv) {
-  options_t o = {.drain = 10, .lua_timeout = 30, .threads = 1, .grace = 8};
+  options_t o = {.drain = 10, .lua_timeout = 30, .threads = 1, .grace = 8,
+                 .log_level = -1};
   o.workers = cpu_count() > 256 ? 256 : cpu_count();
   int rc = parse_env(&o);
   if (rc) return rc - 1;
   int script = parse_args(argc, argv, &o);
   if (script < 0) return -script - 1;
   if (o.reload) return reload_other(o.reload);
+  if (o.reopen) return reopen_other(o.reopen);
   if (o.watch && o.workers == 1)
     return usage_error("%s", "--watch needs worker processes (-w 2 or more): "
                              "a reload replaces them");
-  if (o.verbose) log_set_level(LOG_INFO);
+  if (o.log_level >= 0) log_set_level((enum log_level)o.log_level);
+  log_set_worker(o.workers == 1 ? 1 : 0);
   pidfile = o.pidfile;
+  if (o.error_log && (rc = log_reopen_fd(STDERR_FILENO, o.error_log))) {
+    fprintf(stderr, "moonport: cannot open the error log %s: %s\n",
+            o.error_log, strerror(-rc));
+    return 1;
+  }
+  error_path = o.error_log;
+  if (o.log && strcmp(o.log, "-") != 0) access_path = o.log;
+  if (notify_init())
+    log_warn("NOTIFY_SOCKET is not a socket path; not notifying the service "
+             "manager");
 
   handle(SIGPIPE, on_ignored);
 

@@ -453,3 +453,18 @@ void cluster_set_limits(cluster_t *c, size_t max_rss, uint64_t beat_timeout_ms,
   c->beat_ms = beat_timeout_ms;
   c->drain_ms = drain_ms;
 }
+
+bool cluster_serving(const cluster_t *c) {
+  for (int i = 0; i < c->n; i++)
+    if (c->slots[i].cur.pid <= 0 || !c->slots[i].cur.ready) return false;
+  return true;
+}
+
+void cluster_signal(cluster_t *c, int sig) {
+  for (int i = 0; i < c->n; i++) {
+    cluster_slot_t *s = &c->slots[i];
+    if (s->cur.pid > 0) kill(s->cur.pid, sig);
+    for (int j = 0; j < CLUSTER_OLD; j++)
+      if (s->old[j].pid > 0) kill(s->old[j].pid, sig);
+  }
+}

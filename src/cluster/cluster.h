@@ -91,5 +91,11 @@ void cluster_stuck(cluster_t *c, int sink, const char *why);
  * was told to drain. */
 void cluster_set_limits(cluster_t *c, size_t max_rss, uint64_t beat_timeout_ms,
                         uint64_t drain_ms);
+/* True once every worker slot has a process that said it serves (for
+ * the service manager's READY=1 at start). */
+bool cluster_serving(const cluster_t *c);
+/* Sends `sig` to every live worker process, the replaced ones still
+ * finishing their connections included (they still write logs). */
+void cluster_signal(cluster_t *c, int sig);
 
 #endif

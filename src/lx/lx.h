@@ -452,4 +452,9 @@ void lx_server_close_listeners(lx_server_t *srv);
  * claims on them are not. */
 void lx_server_after_fork(lx_server_t *srv);
 
+/* ---- lx_log.c ---- */
+
+/* mp.log(level, ...). Any lane. */
+int lx_log(lua_State *L);
+
 #endif

@@ -746,7 +746,7 @@ static const luaL_Reg lx_functions[] = {
     {"on", lx_on},           {"stop", lx_stop},       {"threads", lx_threads},
     {"lane", lx_lane},       {"pid", lx_pid},         {"now", lx_now},
     {"is_root", lx_is_root}, {"worker", lx_worker},   {"workers", lx_workers},
-    {"engine", lx_engine},
+    {"engine", lx_engine},   {"log", lx_log},
     {NULL, NULL}};
 
 static const luaL_Reg lx_timer_methods[] = {
