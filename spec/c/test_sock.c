@@ -734,7 +734,7 @@ static void test_shared_frame(void) {
     CHECK_EQ(n, MSGS * 12);
     bool ok = n == MSGS * 12;
     for (int m = 0; ok && m < MSGS; m++) {
-      char want[16];
+      char want[32];
       snprintf(want, sizeof(want), "message %03d\n", m);
       ok = memcmp(buf + m * 12, want, 12) == 0;
     }
