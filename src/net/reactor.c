@@ -171,6 +171,10 @@ struct reactor {
   conn_t *pre_head;   /* the connections read ahead in this iteration */
 };
 
+/* Operations per io_uring submission: a fan-out to this many connections
+ * of a lane goes out in one system call. */
+#define REACTOR_BATCH_ENTRIES 1024
+
 /* Writes up to this size wait for the end of the iteration (see batch). */
 #define REACTOR_BATCH_MAX ((size_t)16 * 1024)
 
@@ -1304,7 +1308,7 @@ int reactor_run(reactor_t *r) {
               NULL, r);
   if (!r->batch_tried) { /* here: the ring belongs to the running thread */
     r->batch_tried = true;
-    r->batch = net_batch_new(256);
+    r->batch = net_batch_new(REACTOR_BATCH_ENTRIES);
     static atomic_bool told;
     if (!r->batch && errno != ENOTSUP && !atomic_exchange(&told, true))
       log_info("io_uring unavailable (%s): each read and write is its own "
