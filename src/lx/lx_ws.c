@@ -17,6 +17,11 @@
 #define LX_WS_INLINE 4096
 /* Longer ones are queued by reference to the Lua string. */
 #define LX_WS_ZERO_COPY_MIN 16384
+/* A WebSocket's input buffer starts this small and, once drained, is kept
+ * only up to LX_WS_IN_KEEP bytes (freed past it): an idle subscriber holds
+ * no 4 KiB it used once. */
+#define LX_WS_IN_MIN 256
+#define LX_WS_IN_KEEP 1024
 /* Seconds a close handshake we started may take. */
 #define LX_WS_CLOSE_WAIT_MS 5000
 
@@ -294,6 +299,13 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st) {
     st->len -= st->off;
     st->off = 0;
   }
+  /* Drained: a connection that sat idle after a burst keeps at most a
+   * small buffer (what most clients send fits it, so they never churn). */
+  if (st->len == 0 && st->cap > LX_WS_IN_KEEP) {
+    free(st->in);
+    st->in = NULL;
+    st->cap = 0;
+  }
 }
 
 void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
@@ -315,7 +327,7 @@ void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
     return;
   }
   if (st->len + len > st->cap) {
-    size_t cap = st->cap ? st->cap : 4096;
+    size_t cap = st->cap ? st->cap : LX_WS_IN_MIN;
     while (cap < st->len + len) cap *= 2;
     char *p = realloc(st->in, cap);
     if (!p) {
