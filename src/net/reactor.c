@@ -1309,6 +1309,8 @@ int reactor_run(reactor_t *r) {
   if (!r->batch_tried) { /* here: the ring belongs to the running thread */
     r->batch_tried = true;
     r->batch = net_batch_new(REACTOR_BATCH_ENTRIES);
+    if (!r->batch && errno == ENOMEM) /* a tight memory limit: a smaller ring */
+      r->batch = net_batch_new(256);
     static atomic_bool told;
     if (!r->batch && errno != ENOTSUP && !atomic_exchange(&told, true))
       log_info("io_uring unavailable (%s): each read and write is its own "
