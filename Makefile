@@ -78,6 +78,7 @@ bench: all
 	@bash scripts/setup --bench
 	@bash scripts/bench-echo
 	@bash scripts/bench-pubsub
+	@bash scripts/bench-fanout
 	@bash scripts/bench-redis
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
 	@bash scripts/bench-reload   # errors clients see through 100 reloads, against nginx

@@ -67,6 +67,12 @@
  * sub_mean_*: the lowest and highest mean latency of one subscriber (in
  * the socket when known), and which subscriber (index in opening order).
  *
+ * With -W PATH every connection is a WebSocket instead (scripts/bench-fanout):
+ * it opens with an upgrade request for PATH, then the same lines travel as
+ * one WebSocket message each, client to server masked (with a zero key),
+ * server to client unmasked; the subscriber strips the frame heads and
+ * parses the payloads as lines (each message ends with its newline).
+ *
  * RLIMIT_NOFILE is raised to the hard limit.
  *
  * Build: gcc -O2 -o pubsub_load pubsub_load.c
@@ -147,6 +153,28 @@ static long long trees_ticks(const int *roots, int n, int *pids, int *np,
     return total;
 }
 
+/* VmRSS in KiB of the server trees (roots and their children), or -1. */
+static long long trees_rss_kb(const int *roots, int n)
+{
+    int pids[MAX_PROCS], np = 0;
+    long long r, k;
+    if (trees_ticks(roots, n, pids, &np, &r, &k) < 0)
+        return -1;
+    long long total = 0;
+    for (int i = 0; i < np; i++) {
+        char path[64], line[256];
+        snprintf(path, sizeof path, "/proc/%d/status", pids[i]);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        while (fgets(line, sizeof line, f))
+            if (strncmp(line, "VmRSS:", 6) == 0)
+                total += atoll(line + 6);
+        fclose(f);
+    }
+    return total;
+}
+
 static int same_procs(const int *a, int na, const int *b, int nb)
 {
     if (na != nb)
@@ -167,11 +195,14 @@ static void usage(void)
         "usage: pubsub_load [-H host] [-p port] [-c subscribers] [-n workers]\n"
         "                   [-d seconds] [-w warmup_seconds] [-q in_flight]\n"
         "                   [-r msgs_per_sec] [-m msg_bytes] [-P server_pid] [-T]\n"
-        "                   [-X other_pid] [-s settle_seconds]\n"
+        "                   [-X other_pid] [-s settle_seconds] [-W ws_path]\n"
         "  defaults: -H 127.0.0.1 -p 3002 -c 1000 -d 10 -w 1 -q 16 -r 0 (no rate\n"
         "  limit, only -q) -m 64; -n 0 accepts any spread over workers;\n"
         "  -T: no kernel receive timestamps (no arrival latency);\n"
-        "  -p PORT,PORT,...: several servers (publisher on the first); -P once per server\n");
+        "  -p PORT,PORT,...: several servers (publisher on the first); -P once per server\n"
+        "  -W PATH: WebSocket connections to PATH (messages are frames)\n"
+        "  -k SECONDS: with -P, the servers' VmRSS before subscribing (rss_base_kb), SECONDS\n"
+        "     after the last subscription (rss_idle_kb) and after the last delivery (rss_after_kb)\n");
     exit(2);
 }
 
@@ -181,6 +212,93 @@ static void usage(void)
 #define RING (1u << 16) /* completion counters; -q must not exceed it */
 #define MAX_LINE 4096
 
+/* -W: what a WebSocket stream from the server has left to decode. */
+struct ws_in {
+    uint8_t in_body;   /* past the HTTP response head */
+    uint8_t head_match; /* bytes of "\r\n\r\n" matched */
+    uint8_t hlen;      /* bytes of a frame head seen */
+    uint8_t h[14];
+    uint64_t left;     /* payload bytes of the current frame still due */
+};
+
+static const char *ws_path; /* -W */
+
+/* Strips the HTTP head and frame heads from p[0..n) in place; returns how
+ * many payload bytes remain at p. Payloads of every opcode are kept (the
+ * server sends nothing but text messages here). */
+static size_t ws_unframe(struct ws_in *w, char *p, size_t n)
+{
+    size_t in = 0, out = 0;
+    while (in < n) {
+        if (!w->in_body) {
+            char c = p[in++];
+            static const char end[] = "\r\n\r\n";
+            w->head_match = c == end[w->head_match] ? w->head_match + 1 : (c == '\r');
+            if (w->head_match == 4)
+                w->in_body = 1;
+            continue;
+        }
+        if (w->left) {
+            size_t k = n - in < w->left ? n - in : (size_t)w->left;
+            memmove(p + out, p + in, k);
+            out += k;
+            in += k;
+            w->left -= k;
+            continue;
+        }
+        w->h[w->hlen++] = (uint8_t)p[in++];
+        if (w->hlen < 2)
+            continue;
+        size_t need = 2, l7 = w->h[1] & 0x7f;
+        if (l7 == 126)
+            need = 4;
+        else if (l7 == 127)
+            need = 10;
+        if (w->h[1] & 0x80)
+            need += 4; /* never from a server */
+        if (w->hlen < need)
+            continue;
+        uint64_t len = l7;
+        if (l7 == 126)
+            len = (uint64_t)w->h[2] << 8 | w->h[3];
+        else if (l7 == 127)
+            for (int i = 0; i < 8; i++)
+                len = len << 8 | w->h[2 + i];
+        w->left = len;
+        w->hlen = 0;
+    }
+    return out;
+}
+
+/* A masked (zero key) frame head for a text message of `len` bytes at p;
+ * returns its size. */
+static size_t ws_head(char *p, size_t len)
+{
+    size_t h = 0;
+    p[h++] = (char)0x81;
+    if (len < 126) {
+        p[h++] = (char)(0x80 | len);
+    } else {
+        p[h++] = (char)(0x80 | 126);
+        p[h++] = (char)(len >> 8);
+        p[h++] = (char)(len & 0xff);
+    }
+    memset(p + h, 0, 4);
+    return h + 4;
+}
+
+/* The upgrade request for ws_path, then `line` as a message; into out. */
+static size_t ws_hello(char *out, const char *line)
+{
+    int n = sprintf(out, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                    "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    "Sec-WebSocket-Version: 13\r\n\r\n", ws_path);
+    size_t len = strlen(line);
+    size_t h = ws_head(out + n, len);
+    memcpy(out + n + h, line, len);
+    return (size_t)n + h + len;
+}
+
 struct sub {
     int fd;
     int srv;           /* which server (index in -p) */
@@ -189,6 +307,7 @@ struct sub {
     uint16_t part_len; /* bytes of an unfinished line */
     uint64_t lat_sum, lat_n; /* measured deliveries: latency (in socket if known) */
     char *part;        /* MAX_LINE bytes */
+    struct ws_in ws;   /* -W: the frame decoder */
 };
 
 static struct sub *subs;
@@ -339,7 +458,10 @@ static void sub_read(struct sub *s)
         }
         if (!arrived && s->worker >= 0 && rx_stamps)
             no_rx_stamp++;
-        size_t have = s->part_len + (size_t)r, pos = 0;
+        size_t got = (size_t)r;
+        if (ws_path)
+            got = ws_unframe(&s->ws, rxbuf + s->part_len, got);
+        size_t have = s->part_len + got, pos = 0;
         for (;;) {
             char *nl = memchr(rxbuf + pos, '\n', have - pos);
             if (!nl)
@@ -356,8 +478,21 @@ static void sub_read(struct sub *s)
         }
         s->part_len = (uint16_t)(have - pos);
         memcpy(s->part, rxbuf + pos, s->part_len);
-        if ((size_t)r < sizeof rxbuf - (have - (size_t)r))
+        if ((size_t)r < sizeof rxbuf - (have - got))
             return; /* short read: drained (level-triggered anyway) */
+    }
+}
+
+/* Keeps reading the subscribers (nothing should come) for `secs`. */
+static void sub_idle(double secs)
+{
+    uint64_t until = now_ns() + (uint64_t)(secs * 1e9);
+    struct epoll_event sev[512];
+    while (now_ns() < until && !stop_flag) {
+        int n = epoll_wait(ep, sev, 512, 10);
+        for (int i = 0; i < n; i++)
+            if (sev[i].data.u32 != PUB_IDX && subs[sev[i].data.u32].fd >= 0)
+                sub_read(&subs[sev[i].data.u32]);
     }
 }
 
@@ -444,7 +579,11 @@ static int subscribe_all(int window, double limit_s)
                 fprintf(stderr, "pubsub_load: connection %d failed: %s\n", idx, strerror(err));
                 return -1;
             }
-            if (write(s->fd, "sub\n", 4) != 4) {
+            char hello[512];
+            size_t hl = ws_path ? ws_hello(hello, "sub\n") : 4;
+            if (!ws_path)
+                memcpy(hello, "sub\n", 4);
+            if (write(s->fd, hello, hl) != (ssize_t)hl) {
                 fprintf(stderr, "pubsub_load: write sub: %s\n", strerror(errno));
                 return -1;
             }
@@ -506,6 +645,8 @@ static int pub_flush(void)
 /* formats message number `published` into the output buffer */
 static void pub_format(void)
 {
+    if (ws_path) /* a message of "pub " + msg_size bytes */
+        pub_len += ws_head(pub_out + pub_len, msg_size + 4);
     char *p = pub_out + pub_len;
     uint64_t seq = published;
     int n = sprintf(p, "pub %llu %llu ", (unsigned long long)seq,
@@ -556,11 +697,12 @@ int main(int argc, char **argv)
     int roots[MAX_SERVERS], nroots = 0, xpid = 0;
     int ports[MAX_SERVERS];
     const char *port_list = NULL;
-    double seconds = 10, warmup = 1, rate = 0, settle = 0;
+    double seconds = 10, warmup = 1, rate = 0, settle = 0, keep = 0;
+    long long rss_base = -1, rss_idle = -1, rss_after = -1;
     nsubs = 1000;
     msg_size = 64;
 
-    while ((opt = getopt(argc, argv, "H:p:c:n:d:w:q:r:m:P:TX:s:h")) != -1) {
+    while ((opt = getopt(argc, argv, "H:p:c:n:d:w:q:r:m:P:TX:s:W:k:h")) != -1) {
         switch (opt) {
         case 'H': host = optarg; break;
         case 'p': port_list = optarg; break;
@@ -579,6 +721,8 @@ int main(int argc, char **argv)
         case 'T': rx_stamps = 0; break;
         case 'X': xpid = atoi(optarg); break;
         case 's': settle = atof(optarg); break;
+        case 'W': ws_path = optarg; break;
+        case 'k': keep = atof(optarg); break;
         default: usage();
         }
     }
@@ -628,6 +772,8 @@ int main(int argc, char **argv)
         die("epoll_create1");
 
     /* 1. subscribers */
+    if (keep > 0 && nroots)
+        rss_base = trees_rss_kb(roots, nroots);
     uint64_t t0 = now_ns();
     if (subscribe_all(256, 30) < 0)
         return 1;
@@ -644,6 +790,10 @@ int main(int argc, char **argv)
                 if (subs[sev[i].data.u32].fd >= 0)
                     sub_read(&subs[sev[i].data.u32]);
         }
+    }
+    if (keep > 0 && nroots) {
+        sub_idle(keep);
+        rss_idle = trees_rss_kb(roots, nroots);
     }
     int nworkers_seen = 0;
     char dist_s[512] = "";
@@ -678,9 +828,12 @@ int main(int argc, char **argv)
         struct timeval tv = { .tv_sec = 10 };
         setsockopt(pub_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         setsockopt(pub_fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        char b[64];
-        size_t got = 0;
-        if (write(pub_fd, "who\n", 4) != 4)
+        char b[512], hello[512];
+        size_t got = 0, hl = ws_path ? ws_hello(hello, "who\n") : 4;
+        struct ws_in pw = { 0 };
+        if (!ws_path)
+            memcpy(hello, "who\n", 4);
+        if (write(pub_fd, hello, hl) != (ssize_t)hl)
             die("publisher write");
         while (got < sizeof b - 1 && !memchr(b, '\n', got)) {
             ssize_t r = read(pub_fd, b + got, sizeof b - 1 - got);
@@ -689,7 +842,7 @@ int main(int argc, char **argv)
                         "connection\n");
                 return 1;
             }
-            got += (size_t)r;
+            got += ws_path ? ws_unframe(&pw, b + got, (size_t)r) : (size_t)r;
         }
         b[got] = 0;
         if (sscanf(b, "me %d", &pub_worker) != 1) {
@@ -834,6 +987,10 @@ int main(int argc, char **argv)
                 (unsigned long long)(published - completed), (unsigned long long)published);
         print_lag();
     }
+    if (keep > 0 && nroots && !stall && !stop_flag) {
+        sub_idle(keep); /* delivered: what the server keeps while idle */
+        rss_after = trees_rss_kb(roots, nroots);
+    }
     /* whatever a live subscriber still lacks now is lost */
     uint64_t undelivered = 0;
     for (int i = 0; i < nsubs; i++)
@@ -891,6 +1048,9 @@ int main(int argc, char **argv)
                    k, hist_pct_us(&hist_arr_srv[k], 99));
     if (xpid)
         printf(" extra_ticks=%lld", (x0 >= 0 && x1 >= 0) ? x1 - x0 : -1LL);
+    if (keep > 0)
+        printf(" rss_base_kb=%lld rss_idle_kb=%lld rss_after_kb=%lld", rss_base, rss_idle,
+               rss_after);
     printf(" client_cpu_pct=%.0f client_cpu_s=%.3f machine_busy_ticks=%lld "
            "machine_softirq_ticks=%lld",
            100.0 * self_cpu / secs, self_cpu,

@@ -977,6 +977,106 @@ describe("WebSocket", function()
     end)
   end)
 
+  describe("fan-out of shared frames", function()
+    -- Reads every client in turn (a slow reader of one would make the
+    -- server queue to the others) until each has `n` messages, checked by
+    -- check(client index, k, payload).
+    local function read_round_robin(clients, n, check)
+      local got, deadline = {}, H.now() + H.T(20)
+      for i = 1, #clients do got[i] = 0 end
+      while true do
+        local done = true
+        for i, c in ipairs(clients) do
+          local stop = math.min(n, got[i] + 16) -- a few each, in turn
+          while got[i] < stop do
+            local f = c:message(0.005)
+            if not f then break end
+            got[i] = got[i] + 1
+            check(i, got[i], f.payload)
+          end
+          done = done and got[i] == n
+        end
+        if done then return got end
+        assert.is_true(H.now() < deadline, "clients got " .. table.concat(got, ","))
+      end
+    end
+
+    for _, inflight in ipairs { 1, 16 } do
+      it(("with -w 2, every client gets every message once and in order, %d in flight"):format(inflight), function()
+        local srv, port = start(nil, { workers = 2 })
+        local clients, nw = on_both_workers(function() return sub_client(port, "/sub?ch=fan") end)
+        assert.equal(2, nw, "clients did not reach two workers: " .. srv:describe())
+        for _ = 1, 6 do clients[#clients + 1] = sub_client(port, "/sub?ch=fan") end
+        -- every worker knows every subscription once each client had a probe
+        probe_then_sequence(port, "fan", clients, 1, function(ws, timeout)
+          local f, err = ws:message(timeout)
+          return f and f.payload, err
+        end, "client")
+        local rounds = inflight == 1 and 40 or 12
+        local total = 0
+        for r = 0, rounds - 1 do
+          assert.equal(200, (http_get(port, ("/pubrange?ch=fan&from=%d&n=%d"):format(r * inflight + 1, inflight))))
+          total = total + inflight
+          read_round_robin(clients, inflight, function(i, k, payload)
+            assert.equal("seq " .. (r * inflight + k), payload, "client " .. i)
+          end)
+        end
+        -- nothing more (no duplicates) is on its way
+        assert.equal(200, (http_get(port, "/pub?ch=fan&msg=end")))
+        for i, c in ipairs(clients) do
+          assert.equal("end", assert(c:message(H.T(5))).payload, "client " .. i)
+        end
+        assert.equal(rounds * inflight, total)
+        assert_clean_log(srv)
+      end)
+    end
+
+    it("a slow subscriber is cut at max_queue while three others lose nothing", function()
+      local srv, port = start { "max_queue=1048576" }
+      local slow = ws_connect(port, "/sub?ch=many", { connect = { rcvbuf = 4096 } })
+      local fast = {}
+      for i = 1, 3 do fast[i] = sub_client(port, "/sub?ch=many") end
+      -- 9.4 MiB of 8 KiB messages: more than the kernel buffers the slow
+      -- client's socket with, far less than the others' limit at once
+      local n, size = 1200, 8192
+      assert.equal(200, (http_get(port, ("/pubmany?ch=many&n=%d&size=%d&ms=1"):format(n, size))))
+      read_round_robin(fast, n, function(i, k, payload)
+        assert.equal(size, #payload)
+        assert.equal(k .. ":", payload:match("^%d+:"), "fast client " .. i)
+      end)
+      srv:wait_stdout("pubmany done", H.T(5), true)
+      local data, how = H.read_to_eof(slow.c, H.T(5))
+      assert.truthy(data, "slow client still connected: " .. tostring(how) .. "\n" .. srv:describe())
+      assert.is_true(#data < n * size, "the slow client got every message")
+      assert.equal(1006, (wait_close_line(srv, slow.id)))
+      assert.is_true(srv:alive())
+    end)
+
+    it("a subscriber closing with frames queued frees its references; the others get everything", function()
+      local srv, port = start()
+      local quitter = ws_connect(port, "/sub?ch=mid", { connect = { rcvbuf = 4096 } })
+      local fast = {}
+      for i = 1, 2 do fast[i] = sub_client(port, "/sub?ch=mid") end
+      local n, size = 600, 4096
+      assert.equal(200, (http_get(port, ("/pubmany?ch=mid&n=%d&size=%d&ms=1"):format(n, size))))
+      read_round_robin(fast, n / 2, function(i, k, payload)
+        assert.equal(k .. ":", payload:match("^%d+:"), "fast client " .. i)
+      end)
+      -- unread bytes in its socket: the close is a reset, mid-write for
+      -- the server, whose queue to it still holds shared frames
+      quitter.c:close()
+      read_round_robin(fast, n / 2, function(i, k, payload)
+        assert.equal((n / 2 + k) .. ":", payload:match("^%d+:"), "fast client " .. i)
+      end)
+      srv:wait_stdout("pubmany done", H.T(5), true)
+      wait_close_line(srv, quitter.id)
+      assert.equal(200, (http_get(port, "/pub?ch=mid&msg=after")))
+      for i, c in ipairs(fast) do assert.equal("after", assert(c:message(H.T(5))).payload, "fast " .. i) end
+      assert.is_true(srv:alive())
+      assert.equal(0, srv:stop())
+    end)
+  end)
+
   describe("idle connections", function()
     it("an idle client is pinged, and closed when it stays silent", function()
       local srv, port = start { "timeout=1" }

@@ -302,23 +302,25 @@ static void test_wq_copy(void) {
   CHECK(same);
   free(big);
 
-  /* A large copy gets its own packet; a small one after it a new one. */
-  char *large = malloc(10000);
-  memset(large, 'L', 10000);
+  /* A copy larger than the largest pool class (16 KiB) gets its own
+   * packet; a small one after it a new one. */
+  enum { LARGE = 20000 };
+  char *large = malloc(LARGE);
+  memset(large, 'L', LARGE);
   CHECK_EQ(sock_wq_push_copy(&wq, "s", 1), 0);
   sock_packet_t *small = wq.tail;
-  CHECK_EQ(sock_wq_push_copy(&wq, large, 10000), 0);
+  CHECK_EQ(sock_wq_push_copy(&wq, large, LARGE), 0);
   CHECK(wq.tail != small);
   sock_packet_t *lp = wq.tail;
   CHECK_EQ(sock_wq_push_copy(&wq, "e", 1), 0);
   CHECK(wq.tail != lp);
-  CHECK_EQ(wq.bytes, 10002);
+  CHECK_EQ(wq.bytes, LARGE + 2);
   CHECK_EQ(sock_wq_flush(g_sp[0], &wq), 0);
-  char *got = malloc(10003);
-  CHECK_EQ(peer_read(got, 10003), 10002);
-  CHECK(got[0] == 's' && got[10001] == 'e');
+  char *got = malloc(LARGE + 3);
+  CHECK_EQ(peer_read(got, LARGE + 3), LARGE + 2);
+  CHECK(got[0] == 's' && got[LARGE + 1] == 'e');
   same = true;
-  for (int i = 1; i <= 10000; i++) same &= got[i] == 'L';
+  for (int i = 1; i <= LARGE; i++) same &= got[i] == 'L';
   CHECK(same);
   free(got);
   free(large);
@@ -602,6 +604,152 @@ static void generation_zero_never_valid(void) {
   CHECK_EQ(sock_uuid_owner(never), -1);
 }
 
+/* ---- the packet pool and shared (refcounted) packets ---- */
+
+static void test_pool_steady_state(void) {
+  pair_open();
+  sock_pool_t pool;
+  sock_pool_init(&pool, SOCK_POOL_DEFAULT_IDLE);
+  sock_wq_t wq;
+  sock_wq_init_pooled(&wq, &pool);
+  struct release_log l = {0};
+  char buf[20000], msg[3000];
+  memset(msg, 'm', sizeof(msg));
+  /* One round: a response-sized copy, a reference, a larger copy. The
+   * first round allocates; every later one is served from the pool. */
+  size_t want = 0, got = 0;
+  for (int round = 0; round < 1000; round++) {
+    CHECK_EQ(sock_wq_push_copy(&wq, msg, 100), 0);
+    CHECK_EQ(sock_wq_push_ref(&wq, msg, 66, release_cb, &l, NULL), 0);
+    CHECK_EQ(sock_wq_push_copy(&wq, msg, 3000), 0);
+    want += 3166;
+    CHECK_EQ(sock_wq_flush(g_sp[0], &wq), 0);
+    got += peer_read(buf, sizeof(buf));
+    if (round == 0) CHECK_EQ(pool.misses, 3);
+  }
+  CHECK_EQ(got, want);
+  CHECK_EQ(l.calls, 1000);
+  CHECK_EQ(pool.misses, 3);
+  CHECK_EQ(pool.hits, 2997);
+  CHECK(wq.head == NULL && wq.bytes == 0);
+  /* Idle: the packets wait in the pool, nothing in the queue. */
+  CHECK(pool.idle > 0 && pool.idle <= pool.max_idle);
+
+  /* A bulk copy, larger than the largest class, is never pooled. */
+  char *bulk = calloc(1, 40000);
+  size_t before = pool.idle;
+  CHECK_EQ(sock_wq_push_copy(&wq, bulk, 40000), 0);
+  CHECK_EQ(pool.idle, before); /* not taken from the pool either */
+  sock_wq_clear(&wq);
+  CHECK_EQ(pool.idle, before);
+  free(bulk);
+
+  sock_pool_trim(&pool, 0);
+  CHECK_EQ(pool.idle, 0);
+  sock_pool_deinit(&pool);
+  pair_close();
+}
+
+static void test_pool_bound(void) {
+  sock_pool_t pool;
+  sock_pool_init(&pool, 4096); /* a small bound */
+  sock_wq_t wq;
+  sock_wq_init_pooled(&wq, &pool);
+  /* 200 packets queued at once (a slow peer) and then dropped: the pool
+   * keeps at most its bound, the rest go back to malloc. */
+  for (int i = 0; i < 100; i++) {
+    CHECK_EQ(sock_wq_push_ref(&wq, "r", 1, NULL, NULL, NULL), 0);
+    CHECK_EQ(sock_wq_push_file(&wq, temp_file("f", 1), 0, 1), 0);
+  }
+  CHECK_EQ(pool.misses, 200);
+  sock_wq_clear(&wq);
+  CHECK(pool.idle > 0 && pool.idle <= 4096);
+  /* Trimming leaves at most what is asked. */
+  sock_pool_trim(&pool, 1000);
+  CHECK(pool.idle <= 1000);
+  sock_pool_deinit(&pool);
+  CHECK_EQ(pool.idle, 0);
+}
+
+/* A frame shared by several queues: freed by whichever reference goes
+ * last, through a write or a close, never before (ASan would see a read
+ * of freed memory). */
+struct shared_frame {
+  int refs;
+  int *freed;
+  char data[64];
+};
+
+static void frame_release(void *ctx, void *ctx2) {
+  (void)ctx2;
+  struct shared_frame *f = ctx;
+  if (--f->refs == 0) {
+    (*f->freed)++;
+    free(f);
+  }
+}
+
+static void test_shared_frame(void) {
+  int sp[3][2];
+  for (int i = 0; i < 3; i++)
+    CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                        0, sp[i]), 0);
+  int sndbuf = 4096;
+  setsockopt(sp[2][0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+  sock_pool_t pool;
+  sock_pool_init(&pool, SOCK_POOL_DEFAULT_IDLE);
+  sock_wq_t wq[3];
+  for (int i = 0; i < 3; i++) sock_wq_init_pooled(&wq[i], &pool);
+
+  /* Queue 2's socket is full first, so its copy of the stream stays
+   * queued mid-write. */
+  char fill[65536];
+  memset(fill, 'x', sizeof(fill));
+  while (write(sp[2][0], fill, sizeof(fill)) > 0) {
+  }
+  int freed = 0;
+  enum { MSGS = 50 };
+  for (int m = 0; m < MSGS; m++) {
+    struct shared_frame *f = malloc(sizeof(*f));
+    f->refs = 1; /* the publisher's */
+    f->freed = &freed;
+    snprintf(f->data, sizeof(f->data), "message %03d\n", m);
+    for (int i = 0; i < 3; i++) {
+      f->refs++;
+      CHECK_EQ(sock_wq_push_ref(&wq[i], f->data, 12, frame_release, f, NULL), 0);
+    }
+    frame_release(f, NULL); /* the publisher is done with it */
+    CHECK_EQ(sock_wq_flush(sp[0][0], &wq[0]), 0);
+  }
+  CHECK_EQ(freed, 0); /* queues 1 and 2 still hold every frame */
+  /* Queue 1 writes everything: the frames live on in queue 2. */
+  CHECK_EQ(sock_wq_flush(sp[1][0], &wq[1]), 0);
+  CHECK_EQ(freed, 0);
+  CHECK_EQ(sock_wq_flush(sp[2][0], &wq[2]), 1); /* still full */
+  CHECK_EQ(wq[2].bytes, MSGS * 12);
+  /* Every reader got every message in order. */
+  for (int i = 0; i < 2; i++) {
+    char buf[MSGS * 12 + 1];
+    ssize_t n = read(sp[i][1], buf, sizeof(buf));
+    CHECK_EQ(n, MSGS * 12);
+    bool ok = n == MSGS * 12;
+    for (int m = 0; ok && m < MSGS; m++) {
+      char want[32];
+      snprintf(want, sizeof(want), "message %03d\n", m);
+      ok = memcmp(buf + m * 12, want, 12) == 0;
+    }
+    CHECK(ok);
+  }
+  /* Queue 2's connection closes mid-write: the last references go. */
+  sock_wq_clear(&wq[2]);
+  CHECK_EQ(freed, MSGS);
+  for (int i = 0; i < 3; i++) {
+    close(sp[i][0]);
+    close(sp[i][1]);
+  }
+  sock_pool_deinit(&pool);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGPIPE, SIG_IGN);
@@ -621,6 +769,9 @@ int main(void) {
   test_wq_full();
   test_wq_clear();
   test_wq_peer_gone();
+  test_pool_steady_state();
+  test_pool_bound();
+  test_shared_frame();
   generation_zero_never_valid();
   sock_deinit();
   CHECK_EQ(sock_capacity(), 0);

@@ -286,16 +286,25 @@ void lx_conn_push_closed(lua_State *L, lx_lane_t *ln);
 
 /* ---- lx_pubsub.c ---- */
 
+/* A message framed for the wire (lx_ws.c), shared by reference by the
+ * write queues of every subscriber it goes to; freed with its last
+ * reference. Lane thread. */
+typedef struct lx_frame lx_frame_t;
+
 /* One message on its way to the subscribers of a lane that forward it
  * from C (a WebSocket's or an SSE stream's subscribe without a function):
  * what they share, made by the first that needs it. */
 typedef struct {
   pubsub_msg_t *m;
-  int text;     /* the body is UTF-8: 1, 0, or -1 not known yet */
-  char *frame;  /* malloc'ed: the message as the first forwarder framed it */
-  size_t frame_len;
-  int frame_kind; /* which forwarder made `frame` */
+  int text; /* the body is UTF-8: 1, 0, or -1 not known yet */
+  /* The message as a WebSocket frame [0] and as an SSE event [1], built
+   * once per dispatch; the dispatch holds one reference to each. */
+  lx_frame_t *frame[2];
 } lx_fwd_ctx_t;
+/* Drops the dispatch's references to the frames in ctx (a frame still
+ * queued to a subscriber lives on until that write completes or its
+ * connection closes). Lane thread. */
+void lx_fwd_ctx_done(lx_fwd_ctx_t *ctx);
 /* Sends the message in ctx to connection c (open, of this lane). */
 typedef void (*lx_forward_fn)(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *ctx);
 

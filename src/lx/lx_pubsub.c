@@ -338,9 +338,9 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx,
 static void lx__dispatch(lx_lane_t *ln, pubsub_msg_t *m, lx_fwd_ctx_t *fc);
 
 void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
-  lx_fwd_ctx_t fc = {m, -1, NULL, 0, 0};
+  lx_fwd_ctx_t fc = {m, -1, {NULL, NULL}};
   lx__dispatch(ln, m, &fc);
-  free(fc.frame);
+  lx_fwd_ctx_done(&fc);
 }
 
 static void lx__dispatch(lx_lane_t *ln, pubsub_msg_t *m, lx_fwd_ctx_t *fc) {

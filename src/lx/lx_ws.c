@@ -17,6 +17,11 @@
 #define LX_WS_INLINE 4096
 /* Longer ones are queued by reference to the Lua string. */
 #define LX_WS_ZERO_COPY_MIN 16384
+/* A WebSocket's input buffer starts this small and, once drained, is kept
+ * only up to LX_WS_IN_KEEP bytes (freed past it): an idle subscriber holds
+ * no 4 KiB it used once. */
+#define LX_WS_IN_MIN 256
+#define LX_WS_IN_KEEP 1024
 /* Seconds a close handshake we started may take. */
 #define LX_WS_CLOSE_WAIT_MS 5000
 
@@ -300,6 +305,13 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st) {
     st->len -= st->off;
     st->off = 0;
   }
+  /* Drained: a connection that sat idle after a burst keeps at most a
+   * small buffer (what most clients send fits it, so they never churn). */
+  if (st->len == 0 && st->cap > LX_WS_IN_KEEP) {
+    free(st->in);
+    st->in = NULL;
+    st->cap = 0;
+  }
 }
 
 void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
@@ -321,7 +333,7 @@ void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
     return;
   }
   if (st->len + len > st->cap) {
-    size_t cap = st->cap ? st->cap : 4096;
+    size_t cap = st->cap ? st->cap : LX_WS_IN_MIN;
     while (cap < st->len + len) cap *= 2;
     char *p = realloc(st->in, cap);
     if (!p) {
@@ -402,17 +414,19 @@ void lx_sse_begin(conn_t *c, lx_stream_t *st) {
 }
 
 /* An event: `data` split into "data:" lines (CR LF, LF or CR end a line),
- * after "event:" and "id:" if given. Returns the malloc'ed text. */
+ * after "event:" and "id:" if given. Returns malloc'ed memory holding
+ * `room` bytes for the caller, then the text (*out_len bytes). */
 static char *lx__sse_event(const char *data, size_t n, const char *ev,
-                           size_t evl, const char *id, size_t idl,
+                           size_t evl, const char *id, size_t idl, size_t room,
                            size_t *out_len) {
   size_t lines = 1;
   for (size_t i = 0; i < n; i++)
     if (data[i] == '\n' || (data[i] == '\r' && (i + 1 >= n || data[i + 1] != '\n')))
       lines++;
   size_t cap = n + lines * 7 + (ev ? evl + 8 : 0) + (id ? idl + 5 : 0) + 2;
-  char *out = malloc(cap);
-  if (!out) return NULL;
+  char *base = malloc(room + cap);
+  if (!base) return NULL;
+  char *out = base + room;
   size_t at = 0;
   if (ev) {
     memcpy(out + at, "event: ", 7);
@@ -439,40 +453,82 @@ static char *lx__sse_event(const char *data, size_t n, const char *ev,
   }
   out[at++] = '\n';
   *out_len = at;
-  return out;
+  return base;
 }
 
 /* ---- forwarding subscriptions ---- */
 
-static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
-  lx_stream_t *st = lx_http_stream(c);
-  if (!st || (st->kind == LX_KIND_WS && st->close_sent)) return;
+/* One framed message. Every subscriber's write queue holds a reference
+ * (reactor_conn_write_ref), so a fan-out to N subscribers builds the frame
+ * once and copies nothing per subscriber; the last write to complete (or
+ * the last of those connections to close) frees it. All references are
+ * taken and dropped on the lane's thread, hence a plain counter. */
+struct lx_frame {
+  unsigned refs;
+  size_t len;
+  char data[];
+};
+
+static void lx__frame_unref(lx_frame_t *f) {
+  if (f && --f->refs == 0) free(f);
+}
+
+static void lx__frame_release(void *ctx, void *ctx2) {
+  (void)ctx2;
+  lx__frame_unref(ctx);
+}
+
+void lx_fwd_ctx_done(lx_fwd_ctx_t *fc) {
+  for (int i = 0; i < 2; i++) {
+    lx__frame_unref(fc->frame[i]);
+    fc->frame[i] = NULL;
+  }
+}
+
+/* The message as a frame for a stream of `kind`, with the dispatch's
+ * reference; NULL when out of memory. */
+static lx_frame_t *lx__frame_new(lx_fwd_ctx_t *fc, int kind) {
   pubsub_msg_t *m = fc->m;
   const char *body = pubsub_msg_body(m);
-  if (fc->frame_kind != st->kind || !fc->frame) {
-    free(fc->frame);
-    fc->frame = NULL;
-    if (st->kind == LX_KIND_WS) {
-      if (fc->text < 0) fc->text = ws_utf8_valid(body, m->mlen);
-      char head[10];
-      size_t h = ws_frame_head(head, fc->text ? WS_TEXT : WS_BINARY, true, m->mlen);
-      fc->frame = malloc(h + m->mlen + 1);
-      if (fc->frame) {
-        memcpy(fc->frame, head, h);
-        memcpy(fc->frame + h, body, m->mlen);
-        fc->frame_len = h + m->mlen;
-      }
-    } else {
-      fc->frame = lx__sse_event(body, m->mlen, NULL, 0, NULL, 0, &fc->frame_len);
-    }
-    fc->frame_kind = st->kind;
-    if (!fc->frame) {
-      log_error("pub/sub: out of memory; a message to a client is lost");
-      return;
-    }
+  lx_frame_t *f;
+  if (kind == LX_KIND_WS) {
+    if (fc->text < 0) fc->text = ws_utf8_valid(body, m->mlen);
+    char head[10];
+    size_t h = ws_frame_head(head, fc->text ? WS_TEXT : WS_BINARY, true, m->mlen);
+    f = malloc(sizeof(*f) + h + m->mlen);
+    if (!f) return NULL;
+    memcpy(f->data, head, h);
+    memcpy(f->data + h, body, m->mlen);
+    f->len = h + m->mlen;
+  } else {
+    size_t len;
+    char *base = lx__sse_event(body, m->mlen, NULL, 0, NULL, 0, sizeof(*f), &len);
+    if (!base) return NULL;
+    f = (lx_frame_t *)(void *)base;
+    f->len = len;
   }
-  int rc = reactor_conn_write(c, fc->frame, fc->frame_len);
-  if (rc == -ENOBUFS) /* it can't keep up: a cut is better than a gap */
+  f->refs = 1;
+  return f;
+}
+
+static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
+  (void)ln;
+  lx_stream_t *st = lx_http_stream(c);
+  if (!st || (st->kind == LX_KIND_WS && st->close_sent)) return;
+  int i = st->kind == LX_KIND_WS ? 0 : 1;
+  if (!fc->frame[i]) fc->frame[i] = lx__frame_new(fc, st->kind);
+  lx_frame_t *f = fc->frame[i];
+  if (!f) {
+    /* A gap in the stream would be worse than a cut. */
+    log_error("pub/sub: out of memory; a client that missed a message is "
+              "disconnected");
+    reactor_conn_force_close(c, CONN_ERROR);
+    return;
+  }
+  f->refs++; /* the write's; released when it completes or fails */
+  int rc = reactor_conn_write_ref(c, f->data, f->len, lx__frame_release, f,
+                                  NULL);
+  if (rc == -ENOBUFS || rc == -ENOMEM) /* can't keep up: cut, not a gap */
     reactor_conn_force_close(c, CONN_ERROR);
 }
 
@@ -545,7 +601,7 @@ static int lx_sse_send(lua_State *L) {
     return luaL_argerror(L, 4, "an id can't hold CR, LF or NUL");
   if (!st) return lx_push_fail(L, -EPIPE);
   size_t len;
-  char *text = lx__sse_event(p, n, ev, evl, id, idl, &len);
+  char *text = lx__sse_event(p, n, ev, evl, id, idl, 0, &len);
   if (!text) return luaL_error(L, "out of memory");
   int rc = reactor_conn_write(c, text, len);
   free(text);

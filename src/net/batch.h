@@ -18,7 +18,7 @@
 typedef struct net_batch net_batch_t;
 
 /* Up to NET_BATCH_IOV pieces per send. */
-#define NET_BATCH_IOV 8
+#define NET_BATCH_IOV 16
 
 /* A batch of at most `entries` operations per run, or NULL (errno set)
  * when io_uring can't be used here. MOONPORT_IO_URING=0 in the environment

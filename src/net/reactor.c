@@ -166,9 +166,18 @@ struct reactor {
   stats_slot_t *stats; /* the lane's counters, or NULL */
   bool batch_tried;
   conn_t *batch_head, *batch_tail;
+  /* The write-queue packets of this reactor's connections (net/sock.h):
+   * written packets wait here for the next write instead of going back to
+   * malloc. Emptied by the sweep once a second passes without a write. */
+  sock_pool_t pool;
+  uint64_t pool_seen; /* pool hits + misses at the last sweep */
   char *pbuf;         /* REACTOR_PREFETCH_SLOTS reads ahead of their events */
   conn_t *pre_head;   /* the connections read ahead in this iteration */
 };
+
+/* Operations per io_uring submission: a fan-out to this many connections
+ * of a lane goes out in one system call. */
+#define REACTOR_BATCH_ENTRIES 1024
 
 /* Writes up to this size wait for the end of the iteration (see batch). */
 #define REACTOR_BATCH_MAX ((size_t)16 * 1024)
@@ -756,7 +765,7 @@ static conn_t *conn__new(reactor_t *r, int fd, const proto_t *proto,
                                     : REACTOR_DEFAULT_WRITE_LIMIT;
   c->max_queue = opts.max_queue ? opts.max_queue : REACTOR_DEFAULT_MAX_QUEUE;
   c->last_active = r->now;
-  sock_wq_init(&c->wq);
+  sock_wq_init_pooled(&c->wq, &r->pool);
   c->uuid = sock_uuid_open(fd, r->index, c);
   if (!c->uuid) {
     free(c);
@@ -1014,6 +1023,10 @@ static void reactor__sweep(mp_timer_t *t) {
       conn__enqueue(c, P_TIMEOUT);
     }
   }
+  /* An idle lane keeps no spare packets. */
+  uint64_t used = r->pool.hits + r->pool.misses;
+  if (used == r->pool_seen) sock_pool_trim(&r->pool, 0);
+  r->pool_seen = used;
 }
 
 reactor_t *reactor_new(int index) {
@@ -1022,6 +1035,7 @@ reactor_t *reactor_new(int index) {
   r->kind = KIND_MAILBOX;
   r->index = index;
   r->poller = -1;
+  sock_pool_init(&r->pool, SOCK_POOL_DEFAULT_IDLE);
   r->rbuf = malloc(REACTOR_READ_CHUNK);
   int rc = r->rbuf ? 0 : -ENOMEM;
   if (!rc) rc = defer_queue_init(&r->mailbox, true);
@@ -1081,6 +1095,7 @@ void reactor_free(reactor_t *r) {
   net_batch_free(r->batch);
   free(r->pbuf);
   free(r->rbuf);
+  sock_pool_deinit(&r->pool);
   free(r);
 }
 
@@ -1308,7 +1323,9 @@ int reactor_run(reactor_t *r) {
               NULL, r);
   if (!r->batch_tried) { /* here: the ring belongs to the running thread */
     r->batch_tried = true;
-    r->batch = net_batch_new(256);
+    r->batch = net_batch_new(REACTOR_BATCH_ENTRIES);
+    if (!r->batch && errno == ENOMEM) /* a tight memory limit: a smaller ring */
+      r->batch = net_batch_new(256);
     static atomic_bool told;
     if (!r->batch && errno != ENOTSUP && !atomic_exchange(&told, true))
       log_info("io_uring unavailable (%s): each read and write is its own "

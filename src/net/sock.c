@@ -348,13 +348,13 @@ int sock_local_path(int fd, char *path, size_t len) {
 
 enum { PKT_COPY, PKT_REF, PKT_FILE };
 
-/* Small copies go into one growing buffer at the tail; larger writes get a
- * packet each. */
-#define SOCK_COPY_MIN 4096
+/* A packet not from a pool class (a copy larger than the largest). */
+#define SOCK_CLS_NONE 0xff
 
 struct sock_packet {
   sock_packet_t *next;
   int kind;
+  uint8_t cls; /* its pool class, or SOCK_CLS_NONE */
   size_t len, off; /* bytes in the packet, bytes already written */
   union {
     struct {
@@ -373,25 +373,87 @@ struct sock_packet {
   } u;
 };
 
-void sock_wq_init(sock_wq_t *wq) {
-  wq->head = wq->tail = NULL;
-  wq->bytes = 0;
+#define SOCK_COPY_OFF offsetof(sock_packet_t, u.copy.data)
+
+/* Class 0 is a bare packet (a reference or a file); the others are copy
+ * packets whose allocations are 256 B, 1 KiB, 4 KiB and 16 KiB of data
+ * (the largest write a reactor batches), so a small response or frame
+ * takes a small packet and a run of small writes grows into larger ones. */
+static const size_t sock__class_size[SOCK_POOL_CLASSES] = {
+    sizeof(sock_packet_t), 256, 1024, 4096, 16384 + SOCK_COPY_OFF};
+
+static size_t sock__class_cap(int cls) {
+  return sock__class_size[cls] - SOCK_COPY_OFF;
 }
 
-static void sock__free_packet(sock_packet_t *p) {
+void sock_pool_init(sock_pool_t *pool, size_t max_idle) {
+  memset(pool, 0, sizeof(*pool));
+  pool->max_idle = max_idle;
+}
+
+void sock_pool_trim(sock_pool_t *pool, size_t keep) {
+  for (int cls = SOCK_POOL_CLASSES - 1; cls >= 0 && pool->idle > keep; cls--) {
+    while (pool->free[cls] && pool->idle > keep) {
+      sock_packet_t *p = pool->free[cls];
+      pool->free[cls] = p->next;
+      pool->idle -= sock__class_size[cls];
+      free(p);
+    }
+  }
+}
+
+void sock_pool_deinit(sock_pool_t *pool) { sock_pool_trim(pool, 0); }
+
+/* A packet of class `cls`, from the pool when it has one. */
+static sock_packet_t *sock__get(sock_pool_t *pool, int cls) {
+  sock_packet_t *p = pool ? pool->free[cls] : NULL;
+  if (p) {
+    pool->free[cls] = p->next;
+    pool->idle -= sock__class_size[cls];
+    pool->hits++;
+  } else {
+    p = malloc(sock__class_size[cls]);
+    if (!p) return NULL;
+    if (pool) pool->misses++;
+  }
+  p->cls = (uint8_t)cls;
+  return p;
+}
+
+static void sock__put(sock_pool_t *pool, sock_packet_t *p) {
+  size_t size = p->cls == SOCK_CLS_NONE ? 0 : sock__class_size[p->cls];
+  if (!pool || !size || pool->idle + size > pool->max_idle) {
+    free(p);
+    return;
+  }
+  p->next = pool->free[p->cls];
+  pool->free[p->cls] = p;
+  pool->idle += size;
+}
+
+void sock_wq_init(sock_wq_t *wq) { sock_wq_init_pooled(wq, NULL); }
+
+void sock_wq_init_pooled(sock_wq_t *wq, sock_pool_t *pool) {
+  wq->head = wq->tail = NULL;
+  wq->bytes = 0;
+  wq->pool = pool;
+}
+
+static void sock__free_packet(sock_wq_t *wq, sock_packet_t *p) {
   if (p->kind == PKT_REF && p->u.ref.release)
     p->u.ref.release(p->u.ref.ctx, p->u.ref.ctx2);
   else if (p->kind == PKT_FILE)
     close(p->u.file.fd);
-  free(p);
+  sock__put(wq->pool, p);
 }
 
 void sock_wq_clear(sock_wq_t *wq) {
   sock_packet_t *p = wq->head;
-  sock_wq_init(wq);
+  wq->head = wq->tail = NULL;
+  wq->bytes = 0;
   while (p) {
     sock_packet_t *next = p->next;
-    sock__free_packet(p);
+    sock__free_packet(wq, p);
     p = next;
   }
 }
@@ -415,8 +477,25 @@ int sock_wq_push_copy(sock_wq_t *wq, const void *data, size_t len) {
     wq->bytes += len;
     return 0;
   }
-  size_t cap = len < SOCK_COPY_MIN ? SOCK_COPY_MIN : len;
-  sock_packet_t *p = malloc(sizeof(*p) + cap);
+  /* Behind a full copy packet more small writes are likely (pipelined
+   * responses): at least twice its size, so a run grows geometrically. */
+  size_t want = len;
+  if (t && t->kind == PKT_COPY && want < 2 * t->u.copy.cap)
+    want = 2 * t->u.copy.cap;
+  int cls = 1;
+  while (cls < SOCK_POOL_CLASSES && sock__class_cap(cls) < want) cls++;
+  if (cls == SOCK_POOL_CLASSES && sock__class_cap(cls - 1) >= len)
+    cls--; /* the growth asked for more than the largest class: that one */
+  sock_packet_t *p;
+  size_t cap;
+  if (cls < SOCK_POOL_CLASSES) {
+    p = sock__get(wq->pool, cls);
+    cap = sock__class_cap(cls);
+  } else { /* bulk: a packet of its own size, straight from malloc */
+    p = malloc(SOCK_COPY_OFF + len);
+    cap = len;
+    if (p) p->cls = SOCK_CLS_NONE;
+  }
   if (!p) return -ENOMEM;
   p->kind = PKT_COPY;
   p->len = len;
@@ -429,7 +508,7 @@ int sock_wq_push_copy(sock_wq_t *wq, const void *data, size_t len) {
 
 int sock_wq_push_ref(sock_wq_t *wq, const void *data, size_t len,
                      sock_release_fn release, void *ctx, void *ctx2) {
-  sock_packet_t *p = malloc(sizeof(*p));
+  sock_packet_t *p = sock__get(wq->pool, 0);
   if (!p) return -ENOMEM;
   p->kind = PKT_REF;
   p->len = len;
@@ -443,7 +522,7 @@ int sock_wq_push_ref(sock_wq_t *wq, const void *data, size_t len,
 }
 
 int sock_wq_push_file(sock_wq_t *wq, int file_fd, off_t offset, size_t len) {
-  sock_packet_t *p = len ? malloc(sizeof(*p)) : NULL;
+  sock_packet_t *p = len ? sock__get(wq->pool, 0) : NULL;
   if (!p) {
     close(file_fd);
     return len ? -ENOMEM : 0;
@@ -483,7 +562,7 @@ void sock_wq_consume(sock_wq_t *wq, size_t n) {
     if (q->off < q->len) break;
     wq->head = q->next;
     if (!wq->head) wq->tail = NULL;
-    sock__free_packet(q);
+    sock__free_packet(wq, q);
   }
 }
 

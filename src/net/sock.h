@@ -89,16 +89,45 @@ int sock_local_path(int fd, char *path, size_t len);
 typedef struct sock_packet sock_packet_t;
 typedef void (*sock_release_fn)(void *ctx, void *ctx2);
 
+/* A pool of write-queue packets for the queues of one thread (a lane's
+ * reactor): packets come in a few size classes, and a written packet goes
+ * back to its class's free list instead of to malloc, so the steady state
+ * of queued writes allocates nothing and glibc has no reason to trim and
+ * re-fault its heap per message. At most `max_idle` bytes wait in the
+ * pool; past that a packet goes back to malloc. Caller-provided storage;
+ * the thread that owns the queues alone touches it. */
+#define SOCK_POOL_CLASSES 5
+typedef struct {
+  sock_packet_t *free[SOCK_POOL_CLASSES];
+  size_t idle;     /* bytes of the packets on the free lists */
+  size_t max_idle; /* the bound on `idle` */
+  uint64_t hits;   /* packets served from a free list */
+  uint64_t misses; /* packets that had to be malloc'ed */
+} sock_pool_t;
+
+#define SOCK_POOL_DEFAULT_IDLE ((size_t)1 << 20)
+
+void sock_pool_init(sock_pool_t *pool, size_t max_idle);
+/* Frees the idle packets; every queue using the pool must be cleared. */
+void sock_pool_deinit(sock_pool_t *pool);
+/* Frees idle packets until at most `keep` bytes wait in the pool. */
+void sock_pool_trim(sock_pool_t *pool, size_t keep);
+
 /* Caller-provided storage. Single-threaded (the connection's owner). */
 typedef struct {
   sock_packet_t *head, *tail;
   size_t bytes; /* queued and not yet written (files count their length) */
+  sock_pool_t *pool; /* where packets come from and go back to; NULL: malloc */
 } sock_wq_t;
 
 void sock_wq_init(sock_wq_t *wq);
+/* The same, taking packets from `pool` (borrowed: it must outlive the
+ * queue's packets, i.e. the queue is cleared before the pool goes). */
+void sock_wq_init_pooled(sock_wq_t *wq, sock_pool_t *pool);
 /* Drops what is queued, releasing references and closing files. */
 void sock_wq_clear(sock_wq_t *wq);
-/* Copies `len` bytes in (small writes share a buffer). 0 or -ENOMEM. */
+/* Copies `len` bytes in (small writes share a buffer; a packet's size is
+ * the smallest class that holds the write). 0 or -ENOMEM. */
 int sock_wq_push_copy(sock_wq_t *wq, const void *data, size_t len);
 /* Queues `len` bytes at `data` without copying; they must stay valid until
  * release(ctx, ctx2) is called (after they are written or dropped). On
