@@ -36,6 +36,9 @@ $(OUT)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# lx_shared.c builds src/lx/lx_shared_ffi.lua in (.incbin), which -MMD can't see.
+$(OUT)/src/lx/lx_shared.o: src/lx/lx_shared_ffi.lua
+
 $(BIN): $(OBJS) $(OUT)/src/main.o
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

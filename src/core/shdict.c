@@ -70,7 +70,8 @@ typedef struct {
   uint32_t flags;
   uint64_t expires; /* monotonic ms; 0: never */
   uint8_t type;
-  uint8_t pad[7];
+  uint8_t ref; /* read since it was last put at the head (second chance) */
+  uint8_t pad[6];
   /* key bytes, then value bytes */
 } shd_item_t;
 
@@ -287,7 +288,7 @@ static int shd_begin(const shdict_t *d, uint64_t h, shd_op_t *op) {
     rc = 0;
   }
   if (rc) return -EIO;
-  /* Every operation may change the shard (a hit moves in the LRU list).
+  /* Every operation may change the shard (a hit marks its item).
    * The compiler must not sink this store below those changes. */
   atomic_store_explicit(&op->s->writing, 1, memory_order_relaxed);
   atomic_signal_fence(memory_order_seq_cst);
@@ -420,11 +421,16 @@ static uint64_t shd_deadline(shd_op_t *op, double ttl) {
   return op->now + (ms < 1 ? 1 : (uint64_t)ms);
 }
 
-/* A block of `order` for a new item, evicting from the LRU tail (expired
- * or not) until one is free. */
+/* A block of `order` for a new item, evicting from the LRU tail until one
+ * is free. An item read since it was put at the head gets a second chance
+ * (back to the head, unmarked) instead: reads only mark items, so a get
+ * writes nothing but that mark, and the list order is that of the writes
+ * with reads folded in at eviction time (CLOCK's approximation of LRU). */
 static uint32_t shd_alloc_evict(shd_op_t *op, uint32_t order, bool *forcible) {
   uint32_t off;
-  uint64_t left = op->s->count; /* a damaged list can't loop for ever */
+  /* each item is passed over at most once, then evicted: a damaged list
+   * can't loop for ever */
+  uint64_t left = 2 * op->s->count + 1;
   while (!(off = shd_alloc(op, order)) && !op->bad && op->s->lru_tail) {
     if (left-- == 0) {
       op->bad = true;
@@ -432,7 +438,13 @@ static uint32_t shd_alloc_evict(shd_op_t *op, uint32_t order, bool *forcible) {
     }
     shd_item_t *t = shd_item(op, op->s->lru_tail);
     if (!t) return 0;
-    if (!shd_expired(op, t)) *forcible = true;
+    bool old = shd_expired(op, t);
+    if (t->ref && !old) {
+      t->ref = 0;
+      shd_touch(op, t);
+      continue;
+    }
+    if (!old) *forcible = true;
     shd_remove(op, t);
   }
   return op->bad ? 0 : off;
@@ -456,6 +468,7 @@ static int shd_insert(shd_op_t *op, uint64_t h, const char *key, size_t klen,
   shd_item_t *it = shd_at(op, off);
   it->klen = (uint32_t)klen;
   it->hash = (uint32_t)h;
+  it->ref = 0;
   it->expires = expires;
   memcpy(shd_key(it), key, klen);
   shd_put_value(it, v);
@@ -613,7 +626,7 @@ int shdict_get(shdict_t *d, const char *key, size_t klen, bool stale,
   } else {
     out->num = shd_val(it)[0] != 0;
   }
-  shd_touch(&op, it);
+  if (!it->ref) it->ref = 1; /* a use, for eviction (no list change) */
   return shd_end(&op, 0);
 }
 
@@ -642,6 +655,7 @@ int shdict_store(shdict_t *d, int op_kind, const char *key, size_t klen,
   if (it && (it->tag & ~SHD_TAG_MASK) == order) { /* same block: in place */
     shd_put_value(it, v);
     it->expires = expires;
+    it->ref = 0;
     shd_touch(&op, it);
     return shd_end(&op, 0);
   }
@@ -667,7 +681,7 @@ int shdict_incr(shdict_t *d, const char *key, size_t klen, double n,
     x += n;
     memcpy(shd_val(it), &x, sizeof(x));
     *out = x;
-    shd_touch(&op, it);
+    if (!it->ref) it->ref = 1; /* counters are hot: mark, don't move */
     return shd_end(&op, 0);
   }
   if (op.bad) return shd_end(&op, 0);

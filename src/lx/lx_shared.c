@@ -57,11 +57,9 @@ static double lx__ttl(lua_State *L, int idx) {
   return t;
 }
 
-/* nil and the message for a store's error, then forcible: 3 values (or 2
- * without forcible). */
-static int lx__fail(lua_State *L, shdict_t *d, int rc, int forcible) {
+/* Pushes the message for a store's error. */
+static void lx__push_err(lua_State *L, shdict_t *d, int rc) {
   char buf[128];
-  lua_pushnil(L);
   switch (rc) {
   case -ENOENT: lua_pushliteral(L, "not found"); break;
   case -EEXIST: lua_pushliteral(L, "exists"); break;
@@ -80,6 +78,13 @@ static int lx__fail(lua_State *L, shdict_t *d, int rc, int forcible) {
     break;
   default: lua_pushstring(L, lx_errmsg(rc, buf, sizeof(buf))); break;
   }
+}
+
+/* nil and the message for a store's error, then forcible: 3 values (or 2
+ * without forcible). */
+static int lx__fail(lua_State *L, shdict_t *d, int rc, int forcible) {
+  lua_pushnil(L);
+  lx__push_err(L, d, rc);
   if (forcible < 0) return 2;
   lua_pushboolean(L, forcible);
   return 3;
@@ -330,6 +335,13 @@ static int lx_shared_gc(lua_State *L) {
   return 0;
 }
 
+/* For the FFI get: (dictionary, negative errno) -> its message. */
+static int lx__errmsg_of(lua_State *L) {
+  lx_shared_ud_t *ud = lx__self(L);
+  lx__push_err(L, ud->d, (int)luaL_checkinteger(L, 2));
+  return 1;
+}
+
 static int lx_shared_tostring(lua_State *L) {
   lx_shared_ud_t *ud = lx__self(L);
   lua_pushfstring(L, "shared dictionary %s (%d bytes)", shdict_name(ud->d),
@@ -446,6 +458,14 @@ static int lx_shared(lua_State *L) {
   return 1;
 }
 
+/* src/lx/lx_shared_ffi.lua, built in. */
+__asm__(".section .rodata\n"
+        "lx__ffi_lua:\n"
+        ".incbin \"src/lx/lx_shared_ffi.lua\"\n"
+        "lx__ffi_lua_end:\n"
+        ".previous\n");
+extern const char lx__ffi_lua[], lx__ffi_lua_end[];
+
 void lx_shared_open(lua_State *L, lx_lane_t *ln) {
   luaL_newmetatable(L, LX_SHARED_MT);
   lua_newtable(L);
@@ -453,6 +473,18 @@ void lx_shared_open(lua_State *L, lx_lane_t *ln) {
     lua_pushvalue(L, -2);
     lua_pushcclosure(L, r->func, 1);
     lua_setfield(L, -2, r->name);
+  }
+  /* The FFI get replaces the C one where it can be had; if the chunk
+   * fails, the C get stays. */
+  if (luaL_loadbuffer(L, lx__ffi_lua, (size_t)(lx__ffi_lua_end - lx__ffi_lua),
+                      "=moonport.shared.ffi") == 0) {
+    lua_pushvalue(L, -2);           /* methods */
+    lua_getfield(L, -3, "get");     /* the C get */
+    lua_pushvalue(L, -5);           /* the metatable, for errmsg_of */
+    lua_pushcclosure(L, lx__errmsg_of, 1);
+    if (lua_pcall(L, 3, 0, 0)) lua_pop(L, 1);
+  } else {
+    lua_pop(L, 1);
   }
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, lx_shared_gc);
@@ -483,4 +515,33 @@ void lx_shared_free_all(lx_server_t *srv) {
     free(e);
     e = next;
   }
+}
+
+/* The get path for LuaJIT's FFI, which calls it from compiled traces
+ * without the Lua C API's per-call cost. h: a dictionary object (the FFI
+ * passes a userdata as a pointer to its bytes; the caller checks that it
+ * is one). Returns SHD_STR with *s and *len (a copy in h's buffer, valid
+ * until h is used again), SHD_NUM or SHD_BOOL with *num; *flags; 0 if the
+ * key is missing or expired; a negative errno on failure. Exported for
+ * ffi.C. Any lane, its own objects. */
+int moonport_shared_get(void *h, const char *k, size_t klen, double *num,
+                        const char **s, size_t *len, uint32_t *flags) {
+  lx_shared_ud_t *ud = h;
+  shd_value_t v;
+  for (;;) {
+    int rc = shdict_get(ud->d, k, klen, false, &v, ud->buf, ud->cap, NULL);
+    if (rc == -ENOENT) return 0;
+    if (rc) return rc;
+    if (v.type != SHD_STR || v.s) break;
+    char *nb = malloc(v.len);
+    if (!nb) return -ENOMEM;
+    if (ud->buf != ud->small) free(ud->buf);
+    ud->buf = nb;
+    ud->cap = v.len;
+  }
+  *num = v.num;
+  *s = v.s;
+  *len = v.len;
+  *flags = v.flags;
+  return v.type;
 }
