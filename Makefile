@@ -82,6 +82,7 @@ bench: all
 	@bash scripts/bench-echo
 	@bash scripts/bench-pubsub
 	@bash scripts/bench-redis
+	@bash scripts/bench-shared
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
 
 run: setup
