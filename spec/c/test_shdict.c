@@ -298,6 +298,85 @@ static void test_concurrent(void) {
   shdict_free(d);
 }
 
+/* Readers (which take no lock unless they must) while writers set values
+ * of changing lengths, delete and evict, so blocks keep being reused for
+ * other keys: every value read must be whole, one writer's bytes. */
+typedef struct {
+  shdict_t *d;
+  int writer;
+  int n;
+  long bad, hits;
+} rw_arg_t;
+
+static char rw_byte(int key, size_t len) { return (char)('a' + (key + len) % 26); }
+
+static void *rw_thread(void *arg) {
+  rw_arg_t *a = arg;
+  char val[700], buf[700], k[16];
+  unsigned seed = (unsigned)a->writer * 7919u + 1;
+  for (int i = 0; i < a->n; i++) {
+    seed = seed * 1103515245u + 12345u;
+    int key = (int)((seed >> 8) % 300);
+    snprintf(k, sizeof(k), "rw%d", key);
+    if (a->writer) {
+      size_t len = (seed >> 4) % 600;
+      if ((seed >> 20) % 8 == 0) {
+        shdict_delete(a->d, k, strlen(k));
+        continue;
+      }
+      memset(val, rw_byte(key, len), len);
+      shd_value_t v = {.type = SHD_STR, .s = val, .len = len};
+      bool f;
+      shdict_store(a->d, SHD_SET, k, strlen(k), &v, 0, &f);
+    } else {
+      shd_value_t v;
+      if (shdict_get(a->d, k, strlen(k), false, &v, buf, sizeof(buf), NULL))
+        continue;
+      a->hits++;
+      if (v.type != SHD_STR || !v.s || v.len >= 600) {
+        a->bad++;
+        continue;
+      }
+      for (size_t j = 0; j < v.len; j++)
+        if (buf[j] != rw_byte(key, v.len)) {
+          a->bad++;
+          break;
+        }
+    }
+  }
+  return NULL;
+}
+
+static void test_readers_writers(void) {
+  shdict_t *d = shdict_new("rw", 64 << 10); /* small: evictions all along */
+  enum { W = 2, R = 2, N = 100000 };
+  pid_t kid = fork();
+  if (kid == 0) { /* a reader in another process too */
+    rw_arg_t a = {d, 0, N, 0, 0};
+    rw_thread(&a);
+    _exit(a.bad ? 1 : 0);
+  }
+  pthread_t th[W + R];
+  rw_arg_t a[W + R];
+  for (int i = 0; i < W + R; i++) {
+    a[i] = (rw_arg_t){d, i < W ? i + 1 : 0, N, 0, 0};
+    pthread_create(&th[i], NULL, rw_thread, &a[i]);
+  }
+  long bad = 0, hits = 0;
+  for (int i = 0; i < W + R; i++) {
+    pthread_join(th[i], NULL);
+    bad += a[i].bad;
+    hits += a[i].hits;
+  }
+  int st;
+  waitpid(kid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  CHECK_EQ(bad, 0);
+  CHECK(hits > 1000);
+  CHECK_EQ(shdict_repairs(d), 0);
+  shdict_free(d);
+}
+
 /* A child takes a shard's lock and is killed with SIGKILL while holding
  * it: the parent gets the lock (EOWNERDEAD), and the shard is dropped only
  * if the child was changing it. Other shards keep their items. */
@@ -414,6 +493,7 @@ int main(void) {
   test_lru();
   test_random();
   test_concurrent();
+  test_readers_writers();
   test_dead_owner(true);
   test_dead_owner(false);
   test_kill_loop();

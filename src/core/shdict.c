@@ -48,6 +48,10 @@ typedef struct {
   /* Set while a change is under way, so whoever takes the lock from a
    * process that died here knows the shard may be half changed. */
   _Atomic uint32_t writing;
+  /* Odd while the lock's holder may change the shard; bumped at every
+   * lock and unlock, so a reader without the lock can tell whether what
+   * it read stayed put (a seqlock). Written under the lock only. */
+  _Atomic uint32_t seq;
   uint32_t lru_head, lru_tail; /* most and least recently used item */
   uint32_t free_head[SHD_ORDERS];
   uint64_t count;
@@ -138,21 +142,25 @@ static uint32_t shd_order_for(size_t bytes) {
 static void *shd_at(shd_op_t *op, uint32_t off) { return op->sb + off; }
 
 /* An item at off, if off and the item's header hold up. */
-static shd_item_t *shd_item(shd_op_t *op, uint32_t off) {
-  const shdict_t *d = op->d;
-  if (off < d->arena_off || off >= d->arena_end ||
-      ((off - d->arena_off) & 63)) {
-    op->bad = true;
-    return NULL;
-  }
-  shd_item_t *it = shd_at(op, off);
+static bool shd_off_ok(const shdict_t *d, uint32_t off) {
+  return off >= d->arena_off && off < d->arena_end &&
+         !((off - d->arena_off) & 63);
+}
+
+/* Whether the item header `it` (read from off) holds up. */
+static bool shd_hdr_ok(const shdict_t *d, uint32_t off, const shd_item_t *it) {
   uint32_t order = it->tag & ~SHD_TAG_MASK;
-  if ((it->tag & SHD_TAG_MASK) != SHD_TAG_USED || order < SHD_MIN_ORDER ||
-      order > d->top || ((off - d->arena_off) & ((1u << order) - 1)) ||
-      (uint64_t)off + (1u << order) > d->arena_end || it->klen == 0 ||
-      it->klen > SHDICT_MAX_KEY ||
-      sizeof(*it) + (uint64_t)it->klen + it->vlen > (1u << order) ||
-      it->type < SHD_STR || it->type > SHD_BOOL) {
+  return (it->tag & SHD_TAG_MASK) == SHD_TAG_USED && order >= SHD_MIN_ORDER &&
+         order <= d->top && !((off - d->arena_off) & ((1u << order) - 1)) &&
+         (uint64_t)off + (1u << order) <= d->arena_end && it->klen != 0 &&
+         it->klen <= SHDICT_MAX_KEY &&
+         sizeof(*it) + (uint64_t)it->klen + it->vlen <= (1u << order) &&
+         it->type >= SHD_STR && it->type <= SHD_BOOL;
+}
+
+static shd_item_t *shd_item(shd_op_t *op, uint32_t off) {
+  shd_item_t *it = shd_off_ok(op->d, off) ? shd_at(op, off) : NULL;
+  if (!it || !shd_hdr_ok(op->d, off, it)) {
     op->bad = true;
     return NULL;
   }
@@ -291,6 +299,11 @@ static int shd_begin(const shdict_t *d, uint64_t h, shd_op_t *op) {
   /* Every operation may change the shard (a hit marks its item).
    * The compiler must not sink this store below those changes. */
   atomic_store_explicit(&op->s->writing, 1, memory_order_relaxed);
+  /* Odd (it already is if a dead holder left it so), and ordered before
+   * the changes for readers without the lock. */
+  uint32_t q = atomic_load_explicit(&op->s->seq, memory_order_relaxed);
+  if (!(q & 1)) atomic_store_explicit(&op->s->seq, q + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
   atomic_signal_fence(memory_order_seq_cst);
   return 0;
 }
@@ -304,6 +317,8 @@ static int shd_end(shd_op_t *op, int rc) {
   }
   atomic_signal_fence(memory_order_seq_cst);
   atomic_store_explicit(&op->s->writing, 0, memory_order_relaxed);
+  uint32_t q = atomic_load_explicit(&op->s->seq, memory_order_relaxed);
+  atomic_store_explicit(&op->s->seq, q + 1, memory_order_release);
   pthread_mutex_unlock(&op->s->lock);
   return rc;
 }
@@ -601,11 +616,94 @@ uint64_t shdict_repairs(shdict_t *d) {
   return n;
 }
 
+/* A get without the lock: reads don't write the shard's cache lines, so
+ * lanes and workers reading the same shard don't take its lines from each
+ * other. The shard's seq must be even and the same before and after;
+ * everything read in between is treated as untrusted (the header copied
+ * once and checked, offsets bounded, chains cut short), because a writer
+ * may be changing it. Returns false to ask for the locked path: a writer
+ * kept changing it, something didn't hold up, or the item is not yet
+ * marked used (marking needs the lock). Under TSan the locked path is
+ * always taken: the racing reads are what the retries make safe, which
+ * TSan can't know. */
+#if defined(__SANITIZE_THREAD__)
+#define SHD_OPTIMISTIC 0
+#else
+#define SHD_OPTIMISTIC 1
+#endif
+
+static bool shd_get_fast(const shdict_t *d, uint64_t h, const char *key,
+                         size_t klen, bool stale, shd_value_t *out, char *buf,
+                         size_t cap, bool *expired, int *rcp) {
+  uint32_t i = (uint32_t)(h >> 40) & (d->nshards - 1);
+  const uint8_t *sb = d->base + 64 + (size_t)i * d->shard_size;
+  shd_shard_t *s = (shd_shard_t *)sb;
+  const volatile uint32_t *buckets =
+      (const volatile uint32_t *)(sb + d->buckets_off);
+  for (int attempt = 0; attempt < 3; attempt++) {
+    uint32_t s1 = atomic_load_explicit(&s->seq, memory_order_acquire);
+    if (s1 & 1) continue;
+    bool lock = false, old = false;
+    int rc = -ENOENT;
+    uint32_t off = buckets[h & (d->nbuckets - 1)];
+    for (int steps = 0; off; steps++) {
+      shd_item_t hd;
+      if (steps == 16 || !shd_off_ok(d, off)) {
+        lock = true;
+        break;
+      }
+      memcpy(&hd, sb + off, sizeof(hd));
+      if (!shd_hdr_ok(d, off, &hd)) {
+        lock = true;
+        break;
+      }
+      const uint8_t *kp = sb + off + sizeof(hd);
+      if (hd.hash != (uint32_t)h || hd.klen != klen || memcmp(kp, key, klen)) {
+        off = hd.hnext;
+        continue;
+      }
+      if (!hd.ref) {
+        lock = true;
+        break;
+      }
+      old = hd.expires && hd.expires <= shd_now_ms();
+      if (old && !stale) break;
+      const uint8_t *vp = kp + hd.klen;
+      out->type = hd.type;
+      out->flags = hd.flags;
+      out->s = NULL;
+      out->len = hd.vlen;
+      if (hd.type == SHD_STR) {
+        if (hd.vlen <= cap) {
+          memcpy(buf, vp, hd.vlen);
+          out->s = buf;
+        }
+      } else if (hd.type == SHD_NUM) {
+        memcpy(&out->num, vp, sizeof(double));
+      } else {
+        out->num = vp[0] != 0;
+      }
+      rc = 0;
+      break;
+    }
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&s->seq, memory_order_relaxed) != s1) continue;
+    if (lock) return false;
+    if (!rc && expired) *expired = old;
+    *rcp = rc;
+    return true;
+  }
+  return false;
+}
+
 int shdict_get(shdict_t *d, const char *key, size_t klen, bool stale,
                shd_value_t *out, char *buf, size_t cap, bool *expired) {
   int rc = shd_check_key(d, klen);
   if (rc) return rc == -EINVAL ? -ENOENT : rc;
   uint64_t h = shd_hash(d->seed, key, klen);
+  if (SHD_OPTIMISTIC &&
+      shd_get_fast(d, h, key, klen, stale, out, buf, cap, expired, &rc))
+    return rc;
   shd_op_t op;
   if ((rc = shd_begin(d, h, &op))) return rc;
   shd_item_t *it = shd_find(&op, h, key, klen);
