@@ -283,6 +283,7 @@ static int lx_shared_keys(lua_State *L) {
   luaL_getmetatable(L, LX_SHARED_KEYS_MT);
   lua_setmetatable(L, -2);
   size_t n;
+  errno = 0; /* NULL with n == 0 is also an empty dictionary */
   *blk = shdict_keys(ud->d, (size_t)max, &n);
   if (!*blk && errno == ENOMEM) return luaL_error(L, "d:keys: out of memory");
   lua_createtable(L, (int)(n < 1u << 20 ? n : 1u << 20), 0);
