@@ -228,6 +228,29 @@ describe("mp.shared", function()
     assert.equal("me", ask(reach(port, 1)[1].c, "get main keep"))
   end)
 
+  it("makes dictionaries only at the top level and from the root; a bad size is an error", function()
+    local srv, port = start({ "-", "late" }, { workers = 2, threads = 1 })
+    srv:wait_stdout("again: ", H.T(10), true)
+    local out = srv:stdout()
+    assert.truthy(H.plain(out, "late: mp.shared: 'late' is new: declare dictionaries at the script's top level"), out)
+    assert.truthy(H.plain(out, 'late: mp.shared: size must be 8k to 16g ("16m", "512k" or bytes), not 1k'), out)
+    assert.truthy(H.plain(out, "late: mp.shared: 'nosize' is new"), out)
+    assert.truthy(H.plain(out, "again: small"), out)
+    -- the workers serve on
+    assert.equal("ok false", ask(H.connect(port), "set main x y"))
+  end)
+
+  it("a worker can't make a dictionary the root does not have", function()
+    local port = H.free_port()
+    local srv = H.spawn({ H.bin, "-w", "2", "-t", "1", H.fixture("shared_app.lua"),
+                          tostring(port), "-", "workeronly" })
+    srv:wait_stderr("mp.shared: 'wo' is not known to the root process", H.T(10), true)
+    local kids = H.children(srv:pid())
+    srv:kill(H.SIGKILL)
+    srv:wait_exit(5)
+    for _, p in ipairs(kids) do ffi.C.kill(p, H.SIGKILL) end
+  end)
+
   it("stays usable when workers are killed with kill -9 in the middle of writing, again and again", function()
     local srv, port = start({}, { workers = 2, threads = 1 })
     local kills = 0
