@@ -84,6 +84,7 @@ bench: all
 	@bash scripts/bench-redis
 	@bash scripts/bench-shared
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
+	@bash scripts/bench-reload   # errors clients see through 100 reloads, against nginx
 
 run: setup
 	@$(MAKE) --no-print-directory all

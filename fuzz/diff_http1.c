@@ -340,6 +340,26 @@ static bool k_method(const raw_t *w, const parsed_t *mp,
   return hp->hp_errno == HPE_INVALID_METHOD;
 }
 
+static bool k_connect(const raw_t *w, const parsed_t *mp,
+                   const parsed_t *hp) {
+  return w->reqline_len >= 8 && memcmp(w->reqline, "CONNECT ", 8) == 0;
+}
+static bool k_target_bytes(const raw_t *w, const parsed_t *mp,
+                   const parsed_t *hp) {
+  for (size_t i = 0; i < w->reqline_len; i++)
+    if ((unsigned char)w->reqline[i] >= 0x7f) return true;
+  return false;
+}
+static bool k_host_value(const raw_t *w, const parsed_t *mp,
+                   const parsed_t *hp) {
+  size_t n;
+  const char *v = raw_value(w, "host", &n);
+  for (size_t i = 0; v && i < n; i++)
+    if (strchr(" \t/?#@\"<>\\^`{|}", v[i]) || (unsigned char)v[i] >= 0x7f)
+      return true;
+  return false;
+}
+
 static const known_t g_known[] = {
     {"CL+TE", true, k_cl_te,
      "Content-Length with Transfer-Encoding is a smuggling vector; RFC 9112 6.1 lets a server reject it"},
@@ -365,6 +385,12 @@ static const known_t g_known[] = {
      "http1.h: a head over max_head bytes or HTTP_MAX_HEADERS fields is 431"},
     {"equal Content-Lengths", false, k_same_cl,
      "RFC 9110 8.6 allows equal duplicates; http1.h rejects only ones that differ"},
+    {"CONNECT", true, k_connect,
+     "RFC 9110 9.3.6, 15.6.2: moonport doesn't tunnel, so CONNECT is 501 (Not Implemented)"},
+    {"target bytes past ASCII", true, k_target_bytes,
+     "RFC 9112 3.2: a request-target is visible ASCII; other bytes must be %-escaped (400)"},
+    {"Host value", true, k_host_value,
+     "RFC 9112 3.2, RFC 9110 7.2: a Host that is not uri-host[:port] is an invalid field value: 400"},
     {"method token", false, k_method,
      "RFC 9110 9.1, RFC 9112 3.1: a method is any token, case-sensitive; http_parser knows a fixed list"},
 };

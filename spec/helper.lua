@@ -85,6 +85,11 @@ if not H.scale then
   else H.scale = 1 end
 end
 
+--- A sanitizer build (ASan keeps freed memory in quarantine, TSan shadows
+--- it): its RSS says nothing about live memory, so memory bounds are only
+--- asserted without one.
+H.sanitized = H.bin:find("asan", 1, true) ~= nil or H.bin:find("tsan", 1, true) ~= nil
+
 --- A deadline of `sec` seconds, stretched for slow (sanitizer) builds.
 function H.T(sec) return sec * H.scale end
 

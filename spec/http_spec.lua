@@ -791,6 +791,26 @@ describe("mp.http", function()
       hello_ok(port)
     end)
 
+    it("what nginx refuses and the RFCs say to refuse: a Host that isn't a host (400), a raw byte past ASCII in the target (400), CONNECT (501: no tunnel), a lower-case method (501); extension methods and odd but valid hosts reach the app", function()
+      local _, port = start()
+      refused(port, "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "Bad Request")
+      refused(port, "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400, "Bad Request")
+      refused(port, "GET /\xff HTTP/1.1\r\nHost: t\r\n\r\n", 400, "Bad Request")
+      refused(port, "CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n", 501, "Not Implemented")
+      refused(port, "get / HTTP/1.1\r\nHost: t\r\n\r\n", 501, "Not Implemented")
+      for _, req in ipairs { "PURGE /echo HTTP/1.1\r\nHost: t\r\n\r\n",
+                             "GET /echo HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
+                             "GET /echo/caf%C3%A9 HTTP/1.1\r\nHost: t\r\n\r\n" } do
+        local c = H.connect(port)
+        local rd = reader(c)
+        assert.is_true(H.send(c, req))
+        local r = response(rd)
+        assert.equal(200, r.status, req)
+        c:close()
+      end
+      hello_ok(port)
+    end)
+
     it("431 for a head over max_header or with more than 100 fields; max_header can be raised", function()
       local _, port = start()
       -- under the default 8192: served
@@ -1007,6 +1027,22 @@ describe("mp.http", function()
       assert.is_true(srv:alive())
     end)
 
+    it("a bare coroutine.yield() in on_request answers 500 like an error (it used to leave the client with no answer); a coroutine of the handler's own still yields", function()
+      local srv, port = start()
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, get("/yield")))
+      local r = response(rd)
+      assert.equal(500, r.status)
+      assert.equal("Internal Server Error\n", r.body)
+      assert.is_true(H.send(c, get("/mywrap")))
+      assert.equal("123", response(rd).body)
+      srv:wait_stderr("attempt to yield from a callback outside a moonport waiting API", H.T(3), true)
+      assert.truthy(srv:stderr():find("error in on_request: [^\n]*http_app%.lua:"
+        .. H.fixture_line("http_app.lua", "  coroutine.yield()") .. ": attempt to yield"), srv:stderr())
+      assert.is_true(srv:alive())
+    end)
+
     it("a Lua error after a partial stream closes the connection (no final chunk)", function()
       local srv, port = start()
       local c = H.connect(port)
@@ -1205,6 +1241,41 @@ describe("mp.http", function()
       local st, out, err = curl { ("http://127.0.0.1:%d/hello"):format(port) }
       assert.equal(0, st, err)
       assert.equal("hello world\n", out)
+      assert.equal(0, srv:stop(H.SIGTERM, H.T(10)))
+    end)
+
+    it("a reload under keep-alive clients: the draining worker answers the next request with Connection: close instead of closing an idle connection; every request is answered", function()
+      local pidfile = H.tmpdir() .. "/http.pid"
+      local srv, port = start(nil, { options = { "-w", "2", "--pidfile", pidfile, "--drain-timeout", "20" } })
+      H.wait_for(function() return H.exists(pidfile) end, H.T(5), "the pid file")
+      local conns = {}
+      for i = 1, 8 do
+        local c = H.connect(port)
+        conns[i] = { c = c, rd = reader(c) }
+        assert.is_true(H.send(c, get("/who")))
+        local r = response(conns[i].rd)
+        conns[i].pid = tonumber(r.body:match("^(%d+)"))
+        assert.is_nil(r.headers.connection)
+      end
+      local st, out, err = H.run { "--reload", pidfile }
+      assert.equal(0, st, out .. err)
+      -- the old workers drain (20 s): each keep-alive connection is still
+      -- open; its next request is answered, with Connection: close
+      for i, k in ipairs(conns) do
+        assert.is_true(H.send(k.c, get("/who")))
+        local r = response(k.rd, nil, "connection " .. i .. " after the reload")
+        assert.equal(k.pid, tonumber(r.body:match("^(%d+)")), "served by its own (old) worker")
+        assert.equal("close", r.headers.connection)
+        local closed, why = k.rd:closes(H.T(3))
+        assert.is_true(closed, "connection " .. i .. ": " .. tostring(why))
+      end
+      -- fresh connections: the new workers, keep-alive as usual
+      local c = H.connect(port)
+      local rd = reader(c)
+      assert.is_true(H.send(c, get("/who")))
+      local r = response(rd)
+      assert.is_nil(r.headers.connection)
+      for _, k in ipairs(conns) do assert.is_true(tonumber(r.body:match("^(%d+)")) ~= k.pid) end
       assert.equal(0, srv:stop(H.SIGTERM, H.T(10)))
     end)
 

@@ -1406,6 +1406,20 @@ describe("redis", function()
         (reply:gsub("wait=[^ ]*:%d+: ", "wait=")))
     end)
 
+    it("a client closed or collected from inside its own reply (waiting, in a callback with a command queued behind, by GC) frees nothing twice: the server goes on and stops clean (no sanitizer report)", function()
+      local K = start_client_fixture(("redis://127.0.0.1:%d"):format(R))
+      local k = line_client(K)
+      for _, mode in ipairs { "wait", "cb", "gc", "wait", "cb", "gc" } do
+        H.wait_for(function() return k.cmd("connected") == "connected true" end, H.T(5), "connected")
+        assert.equal(('closeafter %s "PONG"'):format(mode), k.cmd("closeafter " .. mode))
+        assert.is_nil(K.srv:sanitizer_report(), "after closeafter " .. mode)
+      end
+      H.wait_for(function() return k.cmd("connected") == "connected true" end, H.T(5), "connected")
+      assert.equal('= "PONG" <nil>', k.cmd("cmd PING"))
+      local st, how = K.srv:stop(H.SIGTERM, H.T(10))   -- raises on a sanitizer report
+      assert.equal(0, st, tostring(how) .. ": " .. K.srv:describe())
+    end)
+
     it("a waiting command on a client that is not connected (closed, or Redis away) returns nil and an error", function()
       local K = start_client_fixture(("redis://127.0.0.1:%d"):format(R))
       local k = line_client(K)

@@ -261,10 +261,23 @@ describe("hot reload", function()
     local st, out, err = H.run { "--reload", pidfile }
     assert.equal(0, st, err)
     assert.equal("", err)
-    assert.truthy(out:find("^moonport: asked pid " .. app.root .. " to reload"), out)
+    assert.truthy(out:find("^moonport: pid " .. app.root .. " reloaded: every worker runs the new code"), out)
     assert.equal(1, #H.lines(out), out)
     srv:wait_stderr("moonport: SIGHUP: reloaded " .. app.path, H.T(5), true)
+    -- it returned once the roll was done: every worker started is v2 already
+    assert.equal(2 * app.n, #srv:stdout_lines("^start worker "), srv:stdout())
+    assert.equal(app.n, #srv:stdout_lines("^start worker v2 "), srv:stdout())
     wait_rolled(app, "v2")
+
+    -- a script that doesn't load: status 1 and the error line; nothing changes
+    write_app(app, "v3", "\nthis is not lua\n")
+    st, out, err = H.run { "--reload", pidfile }
+    assert.equal(1, st, out)
+    local line = H.one_line(err)
+    assert.truthy(line:find("^moonport: reload failed: .*app%.lua:%d+:"), line)
+    assert.equal(app.n, #srv:stdout_lines("^start worker v2 "), srv:stdout())
+    assert.equal("v2", (who(app.port)))
+    write_app(app, "v2")
 
     -- no such file: status 1, one line
     local missing = app.dir .. "/nope.pid"
@@ -283,6 +296,21 @@ describe("hot reload", function()
 
     assert.equal(0, srv:stop())
     assert.is_false(H.exists(pidfile), "the pid file is still there after the exit")
+  end)
+
+  it("--reload on a one-process server (-w 1, no root to roll workers) fails with the reason and status 1; the server goes on", function()
+    local pidfile = H.tmpdir() .. "/one.pid"
+    local port = H.free_port()
+    local srv = H.start("echo.lua", { args = { port }, options = { "-w", "1", "--pidfile", pidfile },
+      wait_port = port })
+    H.wait_for(function() return H.exists(pidfile) end, H.T(5), "the pid file")
+    local st, out, err = H.run { "--reload", pidfile }
+    assert.equal(1, st, out)
+    assert.truthy(H.one_line(err):find("^moonport: reload failed: reloading needs worker processes"), err)
+    local c = H.connect(port)
+    assert.equal("hi", H.roundtrip(c, "hi"))
+    assert.equal(0, srv:stop())
+    assert.is_false(H.exists(pidfile .. ".reload"), "the reload outcome is left behind")
   end)
 
   it("--watch reloads when a .lua file in the script's folder is saved (once per burst), not for other files", function()

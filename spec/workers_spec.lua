@@ -440,6 +440,27 @@ describe("workers", function()
       assert.is_false(H.is_listening(port))
     end)
 
+    it("a second server on the port of a running -w 2 server fails with \"address already in use\" (status 1), with -w 2 or -w 1; the first keeps every connection", function()
+      local srv, port = start_workers(2)
+      local before = #H.listening_inodes(port)
+      for _, w in ipairs { "2", "1" } do
+        local st, _, err = H.run { "-w", w, H.fixture("workers_echo.lua"), port }
+        assert.equal(1, st, "-w " .. w .. ": " .. err)
+        local l = one_line(err)
+        assert.is_true(plain(l, tostring(port)) and plain(l:lower(), "in use"), l)
+        assert.equal(before, #H.listening_inodes(port))
+      end
+      serve(srv, port, 10)   -- every connection is the first server's
+      -- and a -w 1 server refuses a -w 2 one after it
+      local solo_port = new_port()
+      local solo = H.start("workers_echo.lua", { args = { solo_port }, wait_port = solo_port,
+        options = { "-w", "1" } })
+      started[#started + 1] = solo
+      local st, _, err = H.run { "-w", "2", H.fixture("workers_echo.lua"), solo_port }
+      assert.equal(1, st, err)
+      assert.equal(1, #H.listening_inodes(solo_port))
+    end)
+
     it("syntax error, missing script, port in use", function()
       local port = new_port()
       local st, _, err = run_w2("workers_syntax_error.lua", port)

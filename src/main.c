@@ -40,7 +40,9 @@ static const char usage[] =
     "                    format and the seconds taken; - for stdout)\n"
     "  --pidfile PATH    write the root's pid to PATH\n"
     "  --reload PIDFILE  ask the server with that pid file to reload its\n"
-    "                    script (as kill -HUP does), then exit\n"
+    "                    script (as kill -HUP does) and wait: exit 0 once\n"
+    "                    every worker runs the new code, 1 with the reason\n"
+    "                    if it failed (MOONPORT_RELOAD_TIMEOUT, 60 s)\n"
     "  --watch           reload when a .lua file in the script's folder\n"
     "                    is saved\n"
     "  --drain-timeout SEC  a replaced worker's time to finish its\n"
@@ -293,6 +295,9 @@ static const char *pidfile;
  * so a reader never sees half of it). */
 static int pidfile_write(void) {
   if (!pidfile) return 0;
+  char stale[4200]; /* the reload outcome of an earlier server */
+  snprintf(stale, sizeof(stale), "%s.reload", pidfile);
+  unlink(stale);
   char tmp[4200];
   snprintf(tmp, sizeof(tmp), "%s.%d.tmp", pidfile, (int)getpid());
   FILE *f = fopen(tmp, "w");
@@ -322,29 +327,120 @@ static pid_t pidfile_read(const char *path, char *err, size_t len) {
   return (pid_t)pid;
 }
 
-/* Removes the pid file if it is still ours. */
-static void pidfile_remove(void) {
-  char err[256];
-  if (pidfile && pidfile_read(pidfile, err, sizeof(err)) == getpid())
-    unlink(pidfile);
+/* ---- the outcome of reloads, for moonport --reload ----
+ *
+ * With --pidfile, each reload's outcome is written to PIDFILE.reload as one
+ * line "SEQ STATE MESSAGE": SEQ counts the reloads asked of this process,
+ * STATE is "rolling" (the root lane loaded the new code; workers are being
+ * replaced), "ok" (every worker runs it) or "failed" (MESSAGE says why).
+ * moonport --reload waits for a SEQ past the one it saw before its SIGHUP
+ * with a final STATE. Root thread only. */
+
+static unsigned reload_seq;
+static bool reload_rolling; /* a reload's roll has not finished yet */
+
+static void reload_path(char *out, size_t len) {
+  snprintf(out, len, "%s.reload", pidfile);
 }
 
-/* moonport --reload PIDFILE */
+static void reload_status(const char *state, const char *msg) {
+  if (!pidfile) return;
+  char path[4200], tmp[4300];
+  reload_path(path, sizeof(path));
+  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f || fprintf(f, "%u %s %s\n", reload_seq, state, msg ? msg : "") < 0 ||
+      fclose(f) != 0 || rename(tmp, path) != 0) {
+    log_error("cannot write %s: %s", path, strerror(errno));
+    unlink(tmp);
+  }
+}
+
+/* Reads PIDFILE.reload: its SEQ (0 if there is none), its STATE and
+ * MESSAGE. */
+static unsigned reload_read(const char *pid_path, char *state, size_t slen,
+                            char *msg, size_t mlen) {
+  char path[4200];
+  snprintf(path, sizeof(path), "%s.reload", pid_path);
+  state[0] = msg[0] = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char line[4096];
+  unsigned seq = 0;
+  if (fgets(line, sizeof(line), f)) {
+    line[strcspn(line, "\n")] = 0;
+    int off = 0;
+    char st[32];
+    if (sscanf(line, "%u %31s %n", &seq, st, &off) >= 2) {
+      snprintf(state, slen, "%s", st);
+      snprintf(msg, mlen, "%s", off > 0 ? line + off : "");
+    } else {
+      seq = 0;
+    }
+  }
+  fclose(f);
+  return seq;
+}
+
+/* A roll of the workers finished: a reload whose roll it ends (or joins:
+ * a roll moves to the newest generation) is done. */
+static void root_rolled(const char *what, void *arg) {
+  (void)what;
+  (void)arg;
+  if (!reload_rolling) return;
+  reload_rolling = false;
+  reload_status("ok", "every worker runs the new code");
+}
+
+/* Removes the pid file (and the reload outcome) if it is still ours. */
+static void pidfile_remove(void) {
+  char err[256];
+  if (pidfile && pidfile_read(pidfile, err, sizeof(err)) == getpid()) {
+    char path[4200];
+    reload_path(path, sizeof(path));
+    unlink(path);
+    unlink(pidfile);
+  }
+}
+
+/* moonport --reload PIDFILE: asks the server to reload and waits for the
+ * outcome (MOONPORT_RELOAD_TIMEOUT seconds at most, 60 by default). 0 once
+ * every worker runs the new code; 1 with the reason otherwise. */
 static int reload_other(const char *path) {
-  char err[4200];
+  char err[4200], state[32], msg[4096];
   pid_t pid = pidfile_read(path, err, sizeof(err));
   if (!pid) {
     fprintf(stderr, "moonport: %s\n", err);
     return 1;
   }
+  unsigned before = reload_read(path, state, sizeof(state), msg, sizeof(msg));
   if (kill(pid, SIGHUP) != 0) {
     fprintf(stderr, "moonport: cannot signal pid %d (from %s): %s\n",
             (int)pid, path, strerror(errno));
     return 1;
   }
-  printf("moonport: asked pid %d to reload; its log says how it went\n",
-         (int)pid);
-  return 0;
+  const char *t = getenv("MOONPORT_RELOAD_TIMEOUT");
+  double secs = t && atof(t) > 0 ? atof(t) : 60;
+  uint64_t deadline = reactor_clock_ms() + (uint64_t)(secs * 1000);
+  while (reactor_clock_ms() < deadline) {
+    unsigned seq = reload_read(path, state, sizeof(state), msg, sizeof(msg));
+    if (seq > before && strcmp(state, "ok") == 0) {
+      printf("moonport: pid %d reloaded: %s\n", (int)pid, msg);
+      return 0;
+    }
+    if (seq > before && strcmp(state, "failed") == 0) {
+      fprintf(stderr, "moonport: reload failed: %s\n", msg);
+      return 1;
+    }
+    if (kill(pid, 0) != 0 && errno == ESRCH) {
+      fprintf(stderr, "moonport: pid %d exited during the reload\n", (int)pid);
+      return 1;
+    }
+    usleep(20 * 1000);
+  }
+  fprintf(stderr, "moonport: pid %d did not finish the reload within %g s%s%s\n",
+          (int)pid, secs, state[0] ? "; last state: " : "", state);
+  return 1;
 }
 
 /* A shutdown's deadline passed and a lane is still in a Lua callback (an
@@ -452,9 +548,13 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     ssize_t r = read(wake_fd, &v, sizeof(v));
     (void)r;
     lx_ipc_watchdog(srv);
-    if (atomic_exchange(&reloads_asked, 0))
+    if (atomic_exchange(&reloads_asked, 0)) {
       log_warn("SIGHUP: reloading needs worker processes (-w 2 or more: "
                "reload replaces them); nothing changed");
+      reload_seq++;
+      reload_status("failed", "reloading needs worker processes (-w 2 or "
+                              "more); nothing changed");
+    }
     /* Frames from the root; EOF means it is gone. */
     bool eof = false;
     while (ipc_fd >= 0 && p[1].revents) {
@@ -550,13 +650,17 @@ typedef struct {
  * replaced one at a time by processes that load it too. */
 static void root_reload(root_t *rt, const char *why) {
   char err[1024];
+  reload_seq++;
   log_info("%s: reloading %s", why, rt->srv->script);
   if (!lx_lane_reload_root(rt->srv, err, sizeof(err))) {
     log_error("reload failed; the old code keeps serving: %s", err);
+    reload_status("failed", err);
     return;
   }
   log_warn("%s: reloaded %s; replacing the workers one at a time", why,
            rt->srv->script);
+  reload_rolling = true;
+  reload_status("rolling", "the root loaded the new code; replacing the workers");
   cluster_roll(rt->c, "reload");
 }
 
@@ -620,9 +724,11 @@ static void root_wake(void *arg) {
   }
   int seen = atomic_load(&signals_seen);
   if (atomic_exchange(&reloads_asked, 0)) {
-    if (handled || seen)
+    if (handled || seen) {
       log_warn("SIGHUP: not reloading while stopping");
-    else
+      reload_seq++;
+      reload_status("failed", "the server is stopping");
+    } else
       root_reload(rt, "SIGHUP");
   }
   if (seen != handled) {
@@ -659,7 +765,7 @@ static int run_root(lx_server_t *srv, bool watch) {
   }
   handle(SIGCHLD, on_child);
   cluster_hooks_t hooks = {lx_ipc_worker_started, lx_ipc_worker_exited,
-                           lx_ipc_drain};
+                           lx_ipc_drain, root_rolled};
   root_t rt = {.srv = srv, .inotify = -1};
   timer_init(&rt.debounce);
   cluster_t *c = rt.c = cluster_new(root->r, srv->nworkers, srv->grace_ms,

@@ -72,12 +72,49 @@ static void test_limits(void) {
 static void test_target_forms(void) {
   const char *good[] = {
       "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
-      "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
       "GET HTTPS://x/y HTTP/1.1\r\nHost: x\r\n\r\n",
       "GET coap+tcp://x/y HTTP/1.1\r\nHost: x\r\n\r\n",
   };
   for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
     CHECK_EQ(parse(good[i]), (int)strlen(good[i]));
+  /* authority-form is CONNECT's own form, and CONNECT is not implemented
+   * (moonport doesn't tunnel): 501, where "CONNECT /x" is malformed (400) */
+  CHECK_EQ(parse("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
+           HTTP_NOT_IMPLEMENTED);
+}
+
+/* What nginx refuses and RFC 9112 / 9110 say to refuse (issue 14). */
+static void test_validation(void) {
+  /* Host must be uri-host[:port] */
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: a?b\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: u@h\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: caf\xc3\xa9\r\n\r\n"), HTTP_BAD);
+  const char *hosts[] = {"x", "example.com:8080", "[::1]:8080", "", "a-b.c_d~e",
+                         "xn--caf-dma.example", "%41b", "127.0.0.1"};
+  for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
+    char buf[128];
+    snprintf(buf, sizeof(buf), "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", hosts[i]);
+    CHECK_EQ(parse(buf), (int)strlen(buf));
+  }
+  /* the target is visible ASCII: a raw byte past 0x7e is refused */
+  CHECK_EQ(parse("GET /caf\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_BAD);
+  CHECK_EQ(parse("GET /\xff HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_BAD);
+  CHECK(parse("GET /caf%C3%A9 HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+  /* methods are case-sensitive: "get" is not GET, and no registered
+   * method has a lower-case letter: 501; extension methods go through */
+  CHECK_EQ(parse("get / HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_NOT_IMPLEMENTED);
+  CHECK_EQ(parse("Get / HTTP/1.1\r\nHost: x\r\n\r\n"), HTTP_NOT_IMPLEMENTED);
+  CHECK(parse("PURGE / HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+  CHECK(parse("VERSION-CONTROL / HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+  /* the request line of a refused head is still found for the log */
+  size_t start = 99;
+  CHECK_EQ(http_request_line_span("\r\nGET /x HTTP/1.1\r\nHost", 26, &start), 15);
+  CHECK_EQ(start, 2);
+  CHECK_EQ(http_request_line_span("GET /x HTTP/3.0\n", 16, &start), 15);
+  CHECK_EQ(http_request_line_span("GET /x HTTP/1.1", 15, &start), -1); /* not whole */
+  CHECK_EQ(http_request_line_span("BAD\1LINE\r\n\r\n", 13, &start), -1);
 }
 
 static void test_bad(void) {
@@ -203,6 +240,21 @@ static void test_chunked(void) {
   n += (size_t)sprintf(t + n, "\r\n");
   CHECK_EQ(feed(t, n, 64, &s, &done), HTTP_BAD);
   free(t);
+  /* The size line's limit counts every byte, leading zeros too: 5,000
+   * zeros then "3" is refused like a 5,000-byte extension (byte by byte
+   * and whole); 4,000 zeros are still a size line within it. */
+  char *z = malloc(8192);
+  memset(z, '0', 5000);
+  n = 5000 + (size_t)sprintf(z + 5000, "3\r\nabc\r\n0\r\n\r\n");
+  CHECK_EQ(feed(z, n, 1, &s, &done), HTTP_BAD);
+  CHECK_EQ(feed(z, n, n, &s, &done), HTTP_BAD);
+  n = 4000 + (size_t)sprintf(z + 4000, "3\r\nabc\r\n0\r\n\r\n");
+  CHECK_EQ(feed(z + 1000, n - 1000, 64, &s, &done), (ssize_t)(n - 1000));
+  CHECK(done && s.n == 3);
+  memset(z, '0', 4090);
+  n = 4090 + (size_t)sprintf(z + 4090, "3;abcdefgh\r\nabc\r\n0\r\n\r\n");
+  CHECK_EQ(feed(z, n, 64, &s, &done), HTTP_BAD); /* digits + extension */
+  free(z);
 }
 
 static void test_unescape(void) {
@@ -218,14 +270,65 @@ static void test_unescape(void) {
   CHECK_EQ(http_unescape("%", 1, out, false), -1);
 }
 
+static bool split_is(const char *t, const char *p, const char *q) {
+  const char *pp, *qq;
+  size_t pl, ql;
+  http_target_split(check_guard(t), strlen(t), &pp, &pl, &qq, &ql);
+  if (pl != strlen(p) || memcmp(pp, p, pl) != 0) return false;
+  if (!q) return qq == NULL;
+  return qq && ql == strlen(q) && memcmp(qq, q, ql) == 0;
+}
+
+/* The one target splitter (the app's req.path/req.query and the static
+ * lookup both use it): odd absolute forms included. */
+static void test_split(void) {
+  static const struct {
+    const char *target, *path, *query;
+  } cases[] = {
+      {"/a/b", "/a/b", NULL},
+      {"/a?x=1&y", "/a", "x=1&y"},
+      {"/a?", "/a", ""},
+      {"/?a?b", "/", "a?b"},
+      {"http://h.example/p?q", "/p", "q"},
+      {"HTTPS://h.example:8443/p/q", "/p/q", NULL},
+      {"http://h.example", "/", NULL},
+      {"http://h.example?x", "/", "x"},
+      {"*", "*", NULL},
+      /* an empty authority: the path starts right after the scheme */
+      {"http:///public/admin", "/public/admin", NULL},
+      {"http:///admin/x?q=1", "/admin/x", "q=1"},
+      {"http://", "/", NULL},
+      {"https://", "/", NULL},
+      {"http:///", "/", NULL},
+      /* a '?' ends the authority: the query is kept */
+      {"http://q?x=1", "/", "x=1"},
+      {"http://h?x=/y", "/", "x=/y"},
+      {"http://h:80?", "/", ""},
+      {"HtTp://h/a%2Fb?c", "/a%2Fb", "c"},
+      /* not a scheme: origin-form rules */
+      {"http:/x", "http:/x", NULL},
+      {"httpx://h/p", "httpx://h/p", NULL},
+      {"ftp://h/p", "ftp://h/p", NULL},
+      {"", "", NULL},
+      {"?", "", ""},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    bool ok = split_is(cases[i].target, cases[i].path, cases[i].query);
+    if (!ok) printf("split of \"%s\"\n", cases[i].target);
+    CHECK(ok);
+  }
+}
+
 int main(void) {
   test_simple();
   test_partial();
   test_limits();
   test_bad();
   test_target_forms();
+  test_validation();
   test_flags();
   test_chunked();
   test_unescape();
+  test_split();
   return check_summary();
 }

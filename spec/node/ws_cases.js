@@ -440,4 +440,34 @@ cases.hold = async () => {
   out({ codes });
 };
 
+// websocket.on_upgrade: PATH, then the subprotocols to offer (comma-
+// separated, "-" for none) and an Origin ("-" for none). Prints either
+// {"opened": true, protocol, headers} and the first message, or
+// {"refused": status, headers, body} from the ws client's
+// 'unexpected-response' (the answer the server gave instead of a 101).
+cases.upgrade = async () => {
+  const [path, protos, origin] = args;
+  const options = {};
+  if (origin !== '-') options.origin = origin;
+  const list = protos === '-' ? [] : protos.split(',');
+  const ws = new WebSocket(base + path, list, options);
+  const row = await withTimeout(new Promise((resolve) => {
+    ws.on('upgrade', (res) => { ws.upgradeHeaders = res.headers; });
+    ws.on('open', () => {
+      ws.once('message', (data) => resolve({
+        opened: true, protocol: ws.protocol, headers: ws.upgradeHeaders,
+        first: data.toString(),
+      }));
+    });
+    ws.on('unexpected-response', (req, res) => {
+      let body = '';
+      res.on('data', (d) => { body += d; });
+      res.on('end', () => resolve({ refused: res.statusCode, headers: res.headers, body }));
+    });
+    ws.on('error', (e) => resolve({ error: e.message }));
+  }), 5000, 'the upgrade');
+  out(row);
+  ws.terminate();
+};
+
 run(cases);

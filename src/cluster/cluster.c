@@ -239,8 +239,10 @@ static void cluster__roll(cluster_t *c) {
     cluster_replace(c, s->index, c->rolling);
     return;
   }
-  log_info("%s done", c->rolling);
+  const char *what = c->rolling;
+  log_info("%s done", what);
   c->rolling = NULL;
+  if (c->hooks.rolled) c->hooks.rolled(what, c->arg);
 }
 
 void cluster_roll(cluster_t *c, const char *what) {

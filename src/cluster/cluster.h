@@ -34,6 +34,9 @@ typedef struct {
   /* Asks the process on `sink` to stop accepting and finish its
    * connections; false if it can't be told (then it gets SIGTERM). */
   bool (*drain)(int sink, void *arg);
+  /* A roll (cluster_roll) finished: every worker is a process started
+   * since the last roll began, and serves. May be NULL. */
+  void (*rolled)(const char *what, void *arg);
 } cluster_hooks_t;
 
 /* A cluster of `n` workers supervised from reactor `root`. NULL and errno

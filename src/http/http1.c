@@ -2,6 +2,7 @@
 #include "http/http1.h"
 
 #include <string.h>
+#include <strings.h>
 
 /* tchar (RFC 9110 5.6.2): the characters of methods and field names. */
 static const unsigned char http_tchar[256] = {
@@ -87,6 +88,31 @@ static bool http__target_ok(const http_request_t *r) {
   return i > 0 && n - i > 3 && memcmp(t + i, "://", 3) == 0;
 }
 
+/* Host = uri-host [ ":" port ] (RFC 9110 7.2, RFC 3986 3.2.2): reg-name
+ * characters (unreserved, sub-delims, %-escapes), an IP literal's
+ * brackets and colons. A space, '/', '?', '#', '@' or a byte past ASCII
+ * can't be part of one. Empty is allowed (a URI without authority). */
+static bool http__host_ok(const char *v, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)v[i];
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+              (ch >= '0' && ch <= '9') || strchr("-._~%!$&'()*+,;=[]:", ch);
+    if (!ok || ch == 0) return false;
+  }
+  return true;
+}
+
+/* A method the server can't implement for any resource (RFC 9110 15.6.2:
+ * 501): CONNECT (moonport doesn't tunnel), and one with a lower-case
+ * letter (methods are case-sensitive and every registered one is upper
+ * case, so "get" is not GET). */
+static bool http__method_unknown(const char *m, size_t n) {
+  if (n == 7 && memcmp(m, "CONNECT", 7) == 0) return true;
+  for (size_t i = 0; i < n; i++)
+    if (m[i] >= 'a' && m[i] <= 'z') return true;
+  return false;
+}
+
 static int http__request_line(const char *s, size_t n, http_request_t *req) {
   size_t i = 0;
   while (i < n && http_tchar[(unsigned char)s[i]]) i++;
@@ -94,7 +120,8 @@ static int http__request_line(const char *s, size_t n, http_request_t *req) {
   req->method = s;
   req->method_len = (uint32_t)i;
   size_t t = ++i;
-  while (i < n && (unsigned char)s[i] > ' ' && s[i] != 0x7f) i++;
+  /* visible ASCII only (RFC 9112 3.2): no control bytes, none past 0x7e */
+  while (i < n && (unsigned char)s[i] > ' ' && (unsigned char)s[i] < 0x7f) i++;
   if (i == t || i >= n || s[i] != ' ') return HTTP_BAD;
   req->target = s + t;
   req->target_len = (uint32_t)(i - t);
@@ -106,6 +133,8 @@ static int http__request_line(const char *s, size_t n, http_request_t *req) {
     return HTTP_BAD;
   if (major != '1' || (minor != '0' && minor != '1')) return HTTP_BAD_VERSION;
   req->minor = minor - '0';
+  if (http__method_unknown(req->method, req->method_len))
+    return HTTP_NOT_IMPLEMENTED;
   return 0;
 }
 
@@ -118,6 +147,19 @@ static int64_t http__length(const char *v, size_t n) {
     x = x * 10 + (v[i] - '0');
   }
   return x;
+}
+
+long http_request_line_span(const char *buf, size_t len, size_t *start) {
+  size_t p = 0;
+  while (p < len && (buf[p] == '\r' || buf[p] == '\n')) p++;
+  long nl = http__eol(buf, p, len);
+  if (nl < 0) return -1;
+  size_t end = http__content_end(buf, p, (size_t)nl);
+  http_request_t scratch;
+  int rc = http__request_line(buf + p, end - p, &scratch);
+  if (rc != 0 && rc != HTTP_BAD_VERSION) return -1;
+  *start = p;
+  return (long)(end - p);
 }
 
 int http_parse_head(const char *buf, size_t len, size_t max_head,
@@ -175,7 +217,7 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
         return HTTP_NOT_IMPLEMENTED;
       te = true;
     } else if (http__ieq(s, c, "host")) {
-      if (host) return HTTP_BAD;
+      if (host || !http__host_ok(h->value, h->value_len)) return HTTP_BAD;
       host = true;
     } else if (http__ieq(s, c, "connection")) {
       conn_close |= http_list_has(h->value, h->value_len, "close");
@@ -237,9 +279,10 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
     case CH_SIZE: {
       int h = http__hexval(ch);
       if (h >= 0) {
+        /* every byte of the size line counts, leading zeros too */
+        if (++c->line > HTTP_MAX_SIZE_LINE) return HTTP_BAD;
         if (c->left >> 58) return HTTP_BAD; /* over 2^62 */
         c->left = c->left * 16 + (uint64_t)h;
-        c->line++;
       } else if (c->line == 0) {
         return HTTP_BAD; /* no digits */
       } else if (ch == ';' || ch == ' ' || ch == '\t') {
@@ -317,6 +360,32 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
 }
 
 /* ---- targets ---- */
+
+void http_target_split(const char *target, size_t len, const char **path,
+                       size_t *plen, const char **query, size_t *qlen) {
+  const char *t = target;
+  size_t tl = len;
+  size_t scheme = tl >= 7 && strncasecmp(t, "http://", 7) == 0    ? 7
+                  : tl >= 8 && strncasecmp(t, "https://", 8) == 0 ? 8
+                                                                   : 0;
+  if (scheme) { /* absolute-form: drop the scheme and the authority */
+    size_t i = scheme;
+    while (i < tl && t[i] != '/' && t[i] != '?') i++;
+    t += i;
+    tl -= i;
+  }
+  const char *q = memchr(t, '?', tl);
+  size_t pl = q ? (size_t)(q - t) : tl;
+  *query = q ? q + 1 : NULL;
+  *qlen = q ? tl - pl - 1 : 0;
+  if (pl == 0 && scheme) {
+    *path = "/";
+    *plen = 1;
+  } else {
+    *path = t;
+    *plen = pl;
+  }
+}
 
 ssize_t http_unescape(const char *s, size_t len, char *out, bool plus_space) {
   size_t o = 0;

@@ -53,6 +53,12 @@ typedef struct {
 int http_parse_head(const char *buf, size_t len, size_t max_head,
                     http_request_t *req);
 
+/* For a log line about a request that was refused before its head was
+ * parsed (408, 413, 431, 505...): if buf[0..len) starts with a whole,
+ * well-formed request line (any HTTP/d.d version), its length without the
+ * line end, with *start at its first byte; otherwise -1. */
+long http_request_line_span(const char *buf, size_t len, size_t *start);
+
 /* Case-insensitive lookup: the first field called `name`, or NULL. */
 const http_header_t *http_header(const http_request_t *req,
                                  const char *name);
@@ -84,6 +90,16 @@ ssize_t http_chunked_feed(http_chunked_t *c, const char *in, size_t len,
                           void *arg, bool *done);
 
 /* ---- targets ---- */
+
+/* Splits a request target into its path and its query (the bytes after
+ * the first '?', without it; *query is NULL when there is none). An
+ * absolute-form target ("http://host/p?q", the scheme in any case) loses
+ * its scheme and authority, which ends at the first '/' or '?' (an empty
+ * one included: "http:///p" is "/p"), and gives "/" when it has no path.
+ * The one splitter of the server: the app and the static lookup see the
+ * same path. Pointers point into `target`. */
+void http_target_split(const char *target, size_t len, const char **path,
+                       size_t *plen, const char **query, size_t *qlen);
 
 /* Percent-decodes s[0..len) into out (at least len bytes); '+' stays
  * '+' unless plus_space. Returns the decoded length, or -1 for a bad

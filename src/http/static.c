@@ -24,33 +24,7 @@ static bool st__is(const char *s, size_t n, const char *w) {
   return true;
 }
 
-/* ---- targets and paths ---- */
-
-void http_static_split(const char *target, size_t len, const char **path,
-                       size_t *plen, const char **query, size_t *qlen) {
-  const char *t = target;
-  size_t tl = len;
-  size_t scheme = tl >= 7 && strncasecmp(t, "http://", 7) == 0    ? 7
-                  : tl >= 8 && strncasecmp(t, "https://", 8) == 0 ? 8
-                                                                   : 0;
-  if (scheme) { /* absolute-form: drop the scheme and the authority */
-    size_t i = scheme;
-    while (i < tl && t[i] != '/' && t[i] != '?') i++;
-    t += i;
-    tl -= i;
-  }
-  const char *q = memchr(t, '?', tl);
-  size_t pl = q ? (size_t)(q - t) : tl;
-  *query = q ? q + 1 : NULL;
-  *qlen = q ? tl - pl - 1 : 0;
-  if (pl == 0 && scheme) {
-    *path = "/";
-    *plen = 1;
-  } else {
-    *path = t;
-    *plen = pl;
-  }
-}
+/* ---- paths ---- */
 
 ssize_t http_static_path(const char *path, size_t len, char *out, size_t cap) {
   if (len == 0 || path[0] != '/' || len + 1 > cap) return HTTP_STATIC_SKIP;

@@ -13,13 +13,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* Splits a request target into its path and its query (the bytes after
- * the first '?', without it; *query is NULL when there is none). An
- * absolute-form target ("http://host/p?q") gives its path ("/" when it
- * has none). Pointers point into `target`. */
-void http_static_split(const char *target, size_t len, const char **path,
-                       size_t *plen, const char **query, size_t *qlen);
-
 /* Results of http_static_path besides a length. */
 enum {
   HTTP_STATIC_SKIP = -1,       /* not a path to look up: leave it to the app */

@@ -49,6 +49,9 @@ typedef struct {
  * without the token is reported as an error. */
 typedef int (*lx_arm_fn)(lx_lane_t *ln, const lx_run_t *run, lua_State *co);
 extern const char lx_wait_token;
+/* Pushes the real coroutine.yield (scripts see a checked one that raises
+ * when a callback's own coroutine yields outside a waiting API). */
+void lx_push_raw_yield(lua_State *L);
 /* Pushes a Lua function f(...) that calls check(...) (a C function with the
  * lane as upvalue 1, which raises on misuse) and then waits through arm. */
 void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
@@ -394,6 +397,9 @@ lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx);
 /* Only the checks of lx_ws_cfg_new (raises on bad values). */
 void lx_ws_cfg_check(lua_State *L, int idx);
 void lx_ws_cfg_free(lua_State *L, lx_ws_cfg_t *cfg);
+/* The registry ref of websocket.on_upgrade (run before the 101, where an
+ * app may refuse the upgrade or pick a subprotocol), or LUA_NOREF. */
+int lx_ws_cfg_on_upgrade(const lx_ws_cfg_t *cfg);
 /* Registers the websocket and sse metatables in L. */
 void lx_ws_open(lua_State *L, lx_lane_t *ln);
 /* A WebSocket on c, whose 101 answer is sent (NULL: out of memory). The

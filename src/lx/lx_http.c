@@ -59,6 +59,10 @@ typedef struct {
   char *body;        /* a chunked body, decoded */
   size_t body_len, body_cap;
   bool continued;    /* 100 Continue sent */
+  bool held_back;    /* pipelined requests wait for the queue to drain */
+  bool up_accept;    /* on_upgrade accepted: the 101 goes out next */
+  char *up_headers;  /* its extra header lines ("Name: v\r\n"...) */
+  size_t up_hlen;
   bool keep_alive;   /* of the request in flight */
   uint64_t deadline; /* the request that is arriving must be whole by
                         then (header_timeout from its first byte) */
@@ -100,6 +104,7 @@ typedef struct {
   bool started;    /* the head is sent (streaming) */
   bool done;       /* the response is complete */
   bool has_type;
+  bool upgrade;    /* of a WebSocket upgrade (websocket.on_upgrade) */
   size_t hlen, hcap;
   char *headers;   /* "Name: value\r\n" lines the handler set: `inline_h`
                       or a buffer userdata (see LX_RES_INLINE_HEADERS) */
@@ -178,28 +183,54 @@ static const char *lx__date(void) {
   return buf;
 }
 
-/* Appends s[0..n) to out for a log line: quotes, backslashes, control
- * bytes and bytes past ASCII as \xHH. Returns the new length. */
-static size_t lx__log_escape(char *out, size_t at, size_t cap, const char *s,
-                             size_t n) {
-  static const char hex[] = "0123456789abcdef";
-  for (size_t i = 0; i < n && at + 4 < cap; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if (ch < 0x20 || ch >= 0x7f || ch == '"' || ch == '\\') {
-      out[at++] = '\\';
-      out[at++] = 'x';
-      out[at++] = hex[ch >> 4];
-      out[at++] = hex[ch & 15];
-    } else {
-      out[at++] = (char)ch;
-    }
-  }
-  return at;
+/* A log line being built: bounded, never written past its end. */
+typedef struct {
+  char *b;
+  size_t at, cap;
+} lx_line_t;
+
+static void lx__line_raw(lx_line_t *l, const char *s, size_t n) {
+  if (n > l->cap - l->at) n = l->cap - l->at;
+  memcpy(l->b + l->at, s, n);
+  l->at += n;
 }
 
+/* Appends s[0..n) with quotes, backslashes, control bytes and bytes past
+ * ASCII as \xHH, at most `max` bytes of output; a longer field is cut and
+ * ends with "...", so the fields after it always fit. */
+static void lx__line_esc(lx_line_t *l, const char *s, size_t n, size_t max) {
+  static const char hex[] = "0123456789abcdef";
+  size_t end = l->at + max < l->cap ? l->at + max : l->cap;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    bool esc = ch < 0x20 || ch >= 0x7f || ch == '"' || ch == '\\';
+    if (l->at + (esc ? 4 : 1) + 3 > end && i + 1 < n) {
+      lx__line_raw(l, "...", 3);
+      return;
+    }
+    if (l->at + (esc ? 4 : 1) > end) return;
+    if (esc) {
+      l->b[l->at++] = '\\';
+      l->b[l->at++] = 'x';
+      l->b[l->at++] = hex[ch >> 4];
+      l->b[l->at++] = hex[ch & 15];
+    } else {
+      l->b[l->at++] = (char)ch;
+    }
+  }
+}
+
+/* What one field of an access-log line may take (escaped): with these the
+ * line (4 KiB) always has room for every field. */
+#define LX_LOG_METHOD 64
+#define LX_LOG_TARGET 2048
+#define LX_LOG_HEADER 512
+
 /* One access-log line (--log) in the combined format, with the seconds
- * the response took: one write(2), so lines of different lanes and
- * processes don't mix (O_APPEND). `req`: the parsed request or NULL. */
+ * the request took from its first byte: one write(2), so lines of
+ * different lanes and processes don't mix (O_APPEND). `req`: the parsed
+ * request, or NULL for one refused before its head was parsed, whose
+ * request line is logged if it came whole ("-" otherwise). */
 static void lx__access(conn_t *c, lx_hconn_t *hc, const http_request_t *req,
                        int status, uint64_t bytes) {
   lx_server_t *srv = hc->svc->ln->srv;
@@ -212,34 +243,43 @@ static void lx__access(conn_t *c, lx_hconn_t *hc, const http_request_t *req,
   gmtime_r(&now, &tm);
   char when[40];
   strftime(when, sizeof(when), "%d/%b/%Y:%H:%M:%S +0000", &tm);
-  char line[4096];
-  size_t cap = sizeof(line) - 2, at;
-  at = (size_t)snprintf(line, cap, "%s - - [%s] \"", ip, when);
+  char buf[4096], num[64];
+  lx_line_t l = {buf, 0, sizeof(buf) - 1}; /* room for the '\n' */
+  lx__line_esc(&l, ip, strlen(ip), sizeof(ip));
+  lx__line_raw(&l, " - - [", 6);
+  lx__line_raw(&l, when, strlen(when));
+  lx__line_raw(&l, "] \"", 3);
   const http_header_t *ref = NULL, *ua = NULL;
+  size_t start;
+  long span;
   if (req) {
-    at = lx__log_escape(line, at, cap, req->method, req->method_len);
-    line[at++] = ' ';
-    at = lx__log_escape(line, at, cap, req->target, req->target_len);
-    at += (size_t)snprintf(line + at, cap - at, " HTTP/1.%d", req->minor);
+    lx__line_esc(&l, req->method, req->method_len, LX_LOG_METHOD);
+    lx__line_raw(&l, " ", 1);
+    lx__line_esc(&l, req->target, req->target_len, LX_LOG_TARGET);
+    lx__line_raw(&l, num, (size_t)snprintf(num, sizeof(num), " HTTP/1.%d", req->minor));
     ref = http_header(req, "referer");
     ua = http_header(req, "user-agent");
+  } else if (hc->in && (span = http_request_line_span(hc->in, hc->len, &start)) > 0) {
+    lx__line_esc(&l, hc->in + start, (size_t)span, LX_LOG_TARGET + LX_LOG_METHOD);
   } else {
-    line[at++] = '-';
+    lx__line_raw(&l, "-", 1);
   }
+  lx__line_raw(&l, num, (size_t)snprintf(num, sizeof(num), "\" %d %llu \"",
+                                          status, (unsigned long long)bytes));
+  if (ref)
+    lx__line_esc(&l, ref->value, ref->value_len, LX_LOG_HEADER);
+  else
+    lx__line_raw(&l, "-", 1);
+  lx__line_raw(&l, "\" \"", 3);
+  if (ua)
+    lx__line_esc(&l, ua->value, ua->value_len, LX_LOG_HEADER);
+  else
+    lx__line_raw(&l, "-", 1);
   uint64_t took = reactor_now(hc->svc->ln->r) - hc->t_start;
-  at += (size_t)snprintf(line + at, cap > at ? cap - at : 0, "\" %d %llu \"",
-                         status, (unsigned long long)bytes);
-  if (at > cap) at = cap;
-  at = ref ? lx__log_escape(line, at, cap, ref->value, ref->value_len)
-           : lx__log_escape(line, at, cap, "-", 1);
-  if (at + 3 < cap) line[at++] = '"', line[at++] = ' ', line[at++] = '"';
-  at = ua ? lx__log_escape(line, at, cap, ua->value, ua->value_len)
-          : lx__log_escape(line, at, cap, "-", 1);
-  at += (size_t)snprintf(line + at, cap > at ? cap - at : 0, "\" %.3f",
-                         req ? (double)took / 1000.0 : 0.0);
-  if (at > cap) at = cap;
-  line[at++] = '\n';
-  ssize_t w = write(srv->access_fd, line, at);
+  lx__line_raw(&l, num, (size_t)snprintf(num, sizeof(num), "\" %.3f",
+                                          (double)took / 1000.0));
+  buf[l.at++] = '\n';
+  ssize_t w = write(srv->access_fd, buf, l.at);
   (void)w; /* a full disk loses log lines, not requests */
 }
 
@@ -263,6 +303,7 @@ static void lx__hconn_free(lx_hconn_t *hc) {
   if (!hc) return;
   free(hc->in);
   free(hc->body);
+  free(hc->up_headers);
   free(hc);
 }
 
@@ -352,6 +393,9 @@ static void lx_http_on_timeout(conn_t *c) {
   if (hc && hc->reading) {
     hc->body_err = "timeout"; /* the body stopped coming */
     lx__reader_wake(c, hc);
+  } else if (hc && hc->held_back) {
+    /* Answers wait for a client that stopped reading: nothing to say */
+    reactor_conn_force_close(c, CONN_TIMEOUT);
   } else if (hc && hc->state == H_STREAM)
     lx_stream_timeout(c, hc->stream);
   else if (hc && hc->state != H_BUSY && hc->len > 0)
@@ -363,6 +407,10 @@ static void lx_http_on_timeout(conn_t *c) {
 static void lx_http_on_ready(conn_t *c) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   if (hc && hc->state == H_STREAM) lx_stream_ready(c, hc->stream);
+  else if (hc && hc->held_back && hc->state == H_HEAD) {
+    hc->held_back = false;
+    lx__process(c, hc);
+  }
 }
 
 static void lx_http_on_shutdown(conn_t *c) {
@@ -499,18 +547,9 @@ static int lx_req_peer(lua_State *L) {
 static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
                                size_t blen) {
   http_request_t *r = &hc->req;
-  const char *t = r->target;
-  size_t tl = r->target_len;
-  /* absolute-form: keep the path and query */
-  if (tl > 7 && (strncasecmp(t, "http://", 7) == 0 || strncasecmp(t, "https://", 8) == 0)) {
-    const char *p = memchr(t + 8, '/', tl - 8);
-    size_t skip = p ? (size_t)(p - t) : tl;
-    t += skip;
-    tl -= skip;
-    if (tl == 0) t = "/", tl = 1;
-  }
-  const char *q = memchr(t, '?', tl);
-  size_t plen = q ? (size_t)(q - t) : tl;
+  const char *t, *q;
+  size_t plen, qlen;
+  http_target_split(r->target, r->target_len, &t, &plen, &q, &qlen);
   char stack[1024];
   char *path = plen <= sizeof(stack) ? stack : malloc(plen);
   if (!path) return false;
@@ -523,7 +562,7 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
   lua_pushlstring(L, path, (size_t)dl);
   if (path != stack) free(path);
   if (q)
-    lua_pushlstring(L, q + 1, tl - plen - 1);
+    lua_pushlstring(L, q, qlen);
   else
     lua_pushliteral(L, "");
   lua_pushlstring(L, r->target, r->target_len);
@@ -602,6 +641,9 @@ static lx_res_t *lx__push_res(lua_State *L, lx_lane_t *ln, conn_t *c,
  * (or answers 500 for an error). The chunk gets the request and headers
  * metatables and returns the runner and the builder. */
 static const char lx_runner_key = 0;
+/* ... and of the wrapper of websocket.on_upgrade: it accepts the upgrade
+ * (res:_upgrade) unless the handler answered. */
+static const char lx_upgrade_key = 0;
 static const char lx_runner_src[] =
     "local RMT, HMT = ...\n"
     "local xpcall, traceback, setmetatable = xpcall, debug.traceback, setmetatable\n"
@@ -616,14 +658,24 @@ static const char lx_runner_src[] =
     "  local ok, err = xpcall(handler, traceback, req, res)\n"
     "  if ok then res:_done() else res:_fail(err) end\n"
     "end\n"
-    "return run, build\n";
+    "local function upgrade(handler, res, method, path, query, target, minor,\n"
+    "                       headers, body, id)\n"
+    "  local req = build(method, path, query, target, minor, headers, body, id)\n"
+    "  local ok, v = xpcall(handler, traceback, req, res)\n"
+    "  if ok then ok, v = pcall(res._upgrade, res, v) end\n"
+    "  if not ok then res:_fail(v) end\n"
+    "end\n"
+    "return run, build, upgrade\n";
 
 static bool lx__push_upgrade_req(lua_State *L, void *arg) {
   return lx__push_req(L, arg, "", 0);
 }
 
+static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc);
+
 /* A WebSocket handshake (RFC 6455 4.2): answers 101 and hands the
- * connection to lx_ws, or refuses. */
+ * connection to lx_ws (after websocket.on_upgrade, if there is one), or
+ * refuses. */
 static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
   http_request_t *r = &hc->req;
   const http_header_t *ver = http_header(r, "sec-websocket-version");
@@ -642,19 +694,57 @@ static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
     reactor_conn_close(c, CONN_LOCAL);
     return;
   }
-  lx_stream_t *st = lx_ws_new(hc->svc->ln, c, lx__cfg(hc->svc)->ws);
+  int hook = lx_ws_cfg_on_upgrade(lx__cfg(hc->svc)->ws);
+  if (hook == LUA_NOREF) {
+    lx__upgrade_accept(c, hc);
+    return;
+  }
+  /* websocket.on_upgrade decides before anything is sent: it refuses by
+   * answering (res:status(403):send()), or returns to accept. */
+  lx_lane_t *ln = hc->svc->ln;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_pushlightuserdata(co, (void *)&lx_upgrade_key);
+  lua_rawget(co, LUA_REGISTRYINDEX);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, hook);
+  lx__push_res(co, ln, c, hc)->upgrade = true;
+  if (!lx__push_req_parts(co, hc, "", 0)) {
+    lua_settop(co, 0);
+    luaL_unref(ln->L, LUA_REGISTRYINDEX, co_ref);
+    lx__refuse(c, hc, 400);
+    return;
+  }
+  hc->state = H_BUSY;
+  reactor_conn_set_timeout(c, 0);
+  lx_call_on(ln, co, co_ref, 2 + LX_REQ_PARTS, LX_CONN, c, NULL, "on_upgrade");
+}
+
+/* The upgrade is accepted: the 101 (with on_upgrade's header lines, if
+ * any) goes out and the connection becomes a WebSocket stream. */
+static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc) {
+  char stack[512];
+  size_t need = 160 + hc->up_hlen;
+  char *resp = need <= sizeof(stack) ? stack : malloc(need);
+  lx_stream_t *st = resp ? lx_ws_new(hc->svc->ln, c, lx__cfg(hc->svc)->ws) : NULL;
   if (!st) {
+    if (resp != stack) free(resp);
     lx__refuse(c, hc, 500);
     return;
   }
+  const http_header_t *key = http_header(&hc->req, "sec-websocket-key");
   char accept[29];
   ws_accept_key(key->value, key->value_len, accept);
-  char resp[160];
-  int n = snprintf(resp, sizeof(resp),
+  int n = snprintf(resp, need,
                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                   "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+                   "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n",
                    accept);
-  reactor_conn_write(c, resp, (size_t)n);
+  if (hc->up_hlen) memcpy(resp + n, hc->up_headers, hc->up_hlen);
+  memcpy(resp + n + hc->up_hlen, "\r\n", 2);
+  reactor_conn_write(c, resp, (size_t)n + hc->up_hlen + 2);
+  if (resp != stack) free(resp);
+  free(hc->up_headers);
+  hc->up_headers = NULL;
+  hc->up_hlen = 0;
   lx__access(c, hc, &hc->req, 101, 0);
   hc->state = H_STREAM;
   hc->stream = st;
@@ -665,6 +755,14 @@ static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
   free(hc->in);
   hc->in = NULL;
   hc->len = hc->cap = hc->head_len = 0;
+}
+
+/* Runs as the connection's callback after on_upgrade accepted. */
+static void lx__upgrade_go(conn_t *c, void *arg) {
+  lx_hconn_t *hc = c ? reactor_conn_udata(c) : NULL;
+  if (!hc || hc->state != H_BUSY || !hc->up_accept) return;
+  hc->up_accept = false;
+  lx__upgrade_accept(c, hc);
 }
 
 static bool lx__is_upgrade(const http_request_t *r) {
@@ -725,6 +823,15 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
         reactor_conn_set_timeout(c, cfg->idle_ms);
         return;
       }
+      /* Back pressure: reading has stopped, but requests already in the
+       * buffer (64 KiB of pipelined GETs is thousands) would each queue
+       * a response. They wait for on_ready; a client that reads nothing
+       * in idle_ms is closed. */
+      if (reactor_conn_congested(c)) {
+        hc->held_back = true;
+        reactor_conn_set_timeout(c, cfg->idle_ms);
+        return;
+      }
       int rc = http_parse_head(hc->in, hc->len, cfg->max_header, &hc->req);
       if (rc == HTTP_NEED_MORE) {
         lx__until_deadline(c, hc);
@@ -735,7 +842,10 @@ static void lx__process(conn_t *c, lx_hconn_t *hc) {
         return;
       }
       hc->head_len = (size_t)rc;
-      hc->keep_alive = hc->req.keep_alive;
+      /* A draining server (replaced by a reload or a restart) answers
+       * with Connection: close, and the client's next request goes to the
+       * new process: no idle connection is closed under a request. */
+      hc->keep_alive = hc->req.keep_alive && !reactor_draining(hc->svc->ln->r);
       if (hc->req.content_length > (int64_t)cfg->max_body) {
         lx__refuse(c, hc, 413); /* before reading it */
         return;
@@ -1380,7 +1490,8 @@ static int lx_res_done(lua_State *L) {
  * if nothing was sent yet (else the connection closes). */
 static int lx_res_fail(lua_State *L) {
   lx_res_t *res = lx__res(L);
-  log_error("error in on_request: %s", luaL_optstring(L, 2, "?"));
+  log_error("error in %s: %s", res->upgrade ? "websocket on_upgrade" : "on_request",
+            luaL_optstring(L, 2, "?"));
   if (res->done) return 0;
   lx_hconn_t *hc;
   conn_t *c = lx__res_conn(res, &hc);
@@ -1399,6 +1510,96 @@ static int lx_res_fail(lua_State *L) {
   return lx_res_send(L);
 }
 
+/* Whether the upgrade request offered subprotocol p (in any of its
+ * Sec-WebSocket-Protocol fields, comma-separated; compared exactly, as the
+ * client checks the answer exactly). */
+static bool lx__offered(const http_request_t *r, const char *p, size_t n) {
+  for (int i = 0; i < r->nheaders; i++) {
+    const http_header_t *h = &r->headers[i];
+    if (h->name_len != 22 || strncasecmp(h->name, "sec-websocket-protocol", 22))
+      continue;
+    const char *v = h->value, *end = h->value + h->value_len;
+    while (v < end) {
+      while (v < end && (*v == ' ' || *v == '\t' || *v == ',')) v++;
+      const char *t = v;
+      while (v < end && *v != ',' && *v != ' ' && *v != '\t') v++;
+      if ((size_t)(v - t) == n && n && memcmp(t, p, n) == 0) return true;
+    }
+  }
+  return false;
+}
+
+/* Adds header lines from the table at idx ({ name = value, ... }), with
+ * the checks of res:header; raises on a bad one. */
+static void lx__upgrade_headers(lua_State *L, lx_res_t *res, int idx) {
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    size_t kl, vl;
+    if (lua_type(L, -2) != LUA_TSTRING ||
+        (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER))
+      luaL_error(L, "websocket on_upgrade: headers must map names to strings");
+    const char *k = lua_tolstring(L, -2, &kl);
+    const char *v = lua_tolstring(L, -1, &vl);
+    if (!lx__header_ok(k, kl, true) || !lx__header_ok(v, vl, false))
+      luaL_error(L, "websocket on_upgrade: a bad header name or value (%s)", k);
+    lx__add_header(L, res, k, kl, v, vl);
+    lua_pop(L, 1);
+  }
+}
+
+/* res:_upgrade(v): what websocket.on_upgrade returned. If the handler
+ * answered, the upgrade is refused and that answer stands; otherwise it
+ * is accepted, with v's subprotocol (one the client offered) and header
+ * lines, and the 101 goes out as the connection's next callback. Raises
+ * on a bad v (the wrapper answers 500). */
+static int lx_res_upgrade(lua_State *L) {
+  lx_res_t *res = lx__res(L);
+  if (!res->upgrade) return luaL_error(L, "res:_upgrade: not an upgrade");
+  if (res->started) return lx_res_finish(L); /* a streamed refusal */
+  if (res->done) return 0;
+  lx_hconn_t *hc;
+  conn_t *c = lx__res_conn(res, &hc);
+  if (!c) return 0;
+  if (!lua_isnil(L, 2)) {
+    if (!lua_istable(L, 2))
+      return luaL_error(L, "websocket on_upgrade: return nothing or a table "
+                           "{ protocol =, headers = } (got %s)",
+                        luaL_typename(L, 2));
+    lua_getfield(L, 2, "protocol");
+    if (!lua_isnil(L, -1)) {
+      size_t n;
+      const char *p = lua_tolstring(L, -1, &n);
+      if (lua_type(L, -1) != LUA_TSTRING)
+        return luaL_error(L, "websocket on_upgrade: protocol must be a string");
+      if (!lx__offered(&hc->req, p, n))
+        return luaL_error(L, "websocket on_upgrade: the client did not offer "
+                             "the protocol '%s'", p);
+      lx__add_header(L, res, "Sec-WebSocket-Protocol", 22, p, n);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "headers");
+    if (lua_istable(L, -1))
+      lx__upgrade_headers(L, res, lua_gettop(L));
+    else if (!lua_isnil(L, -1))
+      return luaL_error(L, "websocket on_upgrade: headers must be a table");
+    lua_pop(L, 1);
+  }
+  if (res->hlen) {
+    hc->up_headers = malloc(res->hlen);
+    if (!hc->up_headers) return luaL_error(L, "out of memory");
+    memcpy(hc->up_headers, res->headers, res->hlen);
+    hc->up_hlen = res->hlen;
+  }
+  res->done = true;
+  res->hlen = 0;
+  hc->up_accept = true;
+  if (reactor_conn_task(c, lx__upgrade_go, NULL)) {
+    hc->state = H_CLOSING;
+    reactor_conn_force_close(c, CONN_ERROR);
+  }
+  return 0;
+}
+
 static const luaL_Reg lx_res_methods[] = {
     {"status", lx_res_status},     {"header", lx_res_header},
     {"send", lx_res_send},         {"json", lx_res_json},
@@ -1406,6 +1607,7 @@ static const luaL_Reg lx_res_methods[] = {
     {"redirect", lx_res_redirect}, {"sendfile", lx_res_sendfile},
     {"sse", lx_res_sse},
     {"_done", lx_res_done},        {"_fail", lx_res_fail},
+    {"_upgrade", lx_res_upgrade},
     {NULL, NULL}};
 
 /* ---- static files ---- */
@@ -1662,7 +1864,7 @@ static bool lx__static(conn_t *c, lx_hconn_t *hc) {
   if (!get && app) return false; /* without a look: the app's request */
   const char *path, *query;
   size_t plen, qlen;
-  http_static_split(r->target, r->target_len, &path, &plen, &query, &qlen);
+  http_target_split(r->target, r->target_len, &path, &plen, &query, &qlen);
   if (cfg->public_prefix_len &&
       (plen < cfg->public_prefix_len ||
        memcmp(path, cfg->public_prefix, cfg->public_prefix_len) != 0))
@@ -1884,7 +2086,10 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_rawget(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
-  lua_call(L, 2, 2);
+  lua_call(L, 2, 3);
+  lua_pushlightuserdata(L, (void *)&lx_upgrade_key);
+  lua_insert(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, (void *)&lx_req_build_key);
   lua_insert(L, -2);
   lua_rawset(L, LUA_REGISTRYINDEX);

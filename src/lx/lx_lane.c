@@ -108,12 +108,15 @@ static void lx__release(lx_lane_t *ln, lx_run_t *run) {
 }
 
 /* Handles the error of a failed callback where it happened. */
+#define LX_STRAY_YIELD                                                       \
+  "attempt to yield from a callback outside a moonport waiting API (use "   \
+  "mp.sleep; coroutines of your own must be resumed by you)"
+
 static void lx__failed(lx_lane_t *ln, lx_run_t *run, int status) {
   lua_State *L = ln->L;
   const char *msg;
-  if (status == LUA_YIELD)
-    msg = "attempt to yield from a callback outside a moonport waiting API "
-          "(use mp.sleep; coroutines of your own must be resumed by you)";
+  if (status == LUA_YIELD) /* a yield past the checked one (a C module's) */
+    msg = LX_STRAY_YIELD;
   else if (lua_gettop(run->co) > 0 && lua_type(run->co, -1) == LUA_TSTRING)
     msg = lua_tostring(run->co, -1);
   else
@@ -170,6 +173,35 @@ void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api) {
                   "nor in a coroutine of your own)", api);
 }
 
+/* Registry key of the real coroutine.yield, which the waiting APIs use. */
+static const char lx_raw_yield_key = 0;
+
+void lx_push_raw_yield(lua_State *L) {
+  lua_pushlightuserdata(L, (void *)&lx_raw_yield_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+}
+
+/* The coroutine.yield scripts see: a yield straight out of a callback's
+ * own coroutine (not from a coroutine the script made and resumes) would
+ * leave the callback suspended for good, so it raises there instead,
+ * where the callback's error handling takes it (on_request answers 500). */
+static int lx__checked_yield(lua_State *L) {
+  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
+  if (ln->running && ln->running->co == L) return luaL_error(L, LX_STRAY_YIELD);
+  return lua_yield(L, lua_gettop(L));
+}
+
+static void lx__install_yield(lua_State *L, lx_lane_t *ln) {
+  lua_getglobal(L, "coroutine");
+  lua_pushlightuserdata(L, (void *)&lx_raw_yield_key);
+  lua_getfield(L, -2, "yield");
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx__checked_yield, 1);
+  lua_setfield(L, -2, "yield");
+  lua_pop(L, 1);
+}
+
 static const char lx_waiter_src[] =
     "local check, yield, TOKEN, ARM = ...\n"
     "return function(...)\n"
@@ -184,9 +216,7 @@ void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
     lua_error(L);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, check, 1);
-  lua_getglobal(L, "coroutine");
-  lua_getfield(L, -1, "yield");
-  lua_remove(L, -2);
+  lx_push_raw_yield(L);
   lua_pushlightuserdata(L, (void *)&lx_wait_token);
   lua_pushlightuserdata(L, (void *)arm);
   lua_call(L, 4, 1);
@@ -296,6 +326,7 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
   ln->psubs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   ln->conn_subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lx__install_yield(L, ln);
   lx_conn_open(L, ln);
   lx_ws_open(L, ln);
   lua_getglobal(L, "package");

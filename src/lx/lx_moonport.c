@@ -48,7 +48,7 @@ static lx_shared_listener_t *lx__shared_acquire(lx_server_t *srv,
     return NULL;
   }
   int fd = path ? sock_listen_unix(path, backlog)
-           : nw ? sock_listen_tcp_shared(host, port, backlog)
+           : nw ? sock_listen_tcp_group(host, port, backlog)
                 : sock_listen_tcp(host, port, backlog);
   for (int i = 0; i < nw && fd >= 0; i++) {
     int p = sock_local_port(fd);

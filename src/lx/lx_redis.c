@@ -73,9 +73,6 @@ static int lx__push_reply(lua_State *L, const redisReply *r, int depth) {
   return 2;
 }
 
-/* Set while a client is freed: its pending replies run no Lua then. */
-static __thread bool lx_redis_freeing;
-
 /* A waiting command of a client that was closed: it returns nil and
  * "connection closed", from a task (not from inside close). */
 static void lx__closed_task(void *a, void *b) {
@@ -96,7 +93,7 @@ static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
     free(q);
     return;
   }
-  if (lx_redis_freeing) { /* r:close() or collected: no Lua from here */
+  if (!r && redis_link_closing(ac)) { /* r:close() or collected: no Lua */
     if (q->waiting && reactor_defer(ln->r, lx__closed_task, q, NULL) == 0)
       return;
     if (q->waiting) lx_run_abandon(ln, &q->run);
@@ -250,9 +247,8 @@ static void lx__redis_close(lx_redis_t *rc) {
     rc->ln->redis_clients = rc->next;
   if (rc->next) rc->next->prev = rc->prev;
   rc->prev = rc->next = NULL;
-  lx_redis_freeing = true;
-  redis_link_free(l); /* pending replies come back as NULL */
-  lx_redis_freeing = false;
+  redis_link_free(l); /* pending replies come back as NULL, from here or,
+                        * inside a reply callback, once it returns */
 }
 
 void lx_redis_close_all(lx_lane_t *ln) {
@@ -309,9 +305,7 @@ void lx_redis_open(lua_State *L, lx_lane_t *ln) {
     lua_error(L);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_redis_check, 1);
-  lua_getglobal(L, "coroutine");
-  lua_getfield(L, -1, "yield");
-  lua_remove(L, -2);
+  lx_push_raw_yield(L);
   lua_pushlightuserdata(L, (void *)&lx_wait_token);
   lua_pushlightuserdata(L, (void *)lx_redis_arm);
   lua_pushcfunction(L, lx_redis_send);

@@ -23,7 +23,8 @@
 enum { LX_KIND_WS = 1, LX_KIND_SSE = 2 };
 
 struct lx_ws_cfg {
-  int on_open, on_message, on_ready, on_close; /* registry refs or NOREF */
+  /* registry refs or NOREF */
+  int on_upgrade, on_open, on_message, on_ready, on_close;
   size_t max_msg;
 };
 
@@ -89,9 +90,9 @@ static size_t lx__ws_check(lua_State *L, int idx) {
   }
   lua_pop(L, 1);
   /* Check every handler before taking any reference. */
-  static const char *const names[] = {"on_open", "on_message", "on_ready",
-                                      "on_close"};
-  for (int i = 0; i < 4; i++) {
+  static const char *const names[] = {"on_upgrade", "on_open", "on_message",
+                                      "on_ready", "on_close"};
+  for (int i = 0; i < 5; i++) {
     lua_getfield(L, idx, names[i]);
     bool bad = !lua_isnil(L, -1) && !lua_isfunction(L, -1);
     lua_pop(L, 1);
@@ -110,6 +111,7 @@ lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
   lx_ws_cfg_t *cfg = malloc(sizeof(*cfg));
   if (!cfg) luaL_error(L, "out of memory");
   cfg->max_msg = max;
+  cfg->on_upgrade = lx__fn_ref(L, idx, "on_upgrade");
   cfg->on_open = lx__fn_ref(L, idx, "on_open");
   cfg->on_message = lx__fn_ref(L, idx, "on_message");
   cfg->on_ready = lx__fn_ref(L, idx, "on_ready");
@@ -119,12 +121,15 @@ lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
 
 void lx_ws_cfg_free(lua_State *L, lx_ws_cfg_t *cfg) {
   if (!cfg) return;
+  luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_upgrade);
   luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_open);
   luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_message);
   luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_ready);
   luaL_unref(L, LUA_REGISTRYINDEX, cfg->on_close);
   free(cfg);
 }
+
+int lx_ws_cfg_on_upgrade(const lx_ws_cfg_t *cfg) { return cfg->on_upgrade; }
 
 /* ---- streams ---- */
 

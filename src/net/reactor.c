@@ -647,6 +647,8 @@ int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len) {
 
 size_t reactor_conn_pending(const conn_t *c) { return c->wq.bytes; }
 
+bool reactor_conn_congested(const conn_t *c) { return c->flags & F_BP; }
+
 void reactor_conn_close(conn_t *c, int reason) {
   if (c->flags & (F_DEAD | F_CLOSING)) return;
   if (!(c->flags & F_OPEN)) {
@@ -1127,6 +1129,8 @@ static void reactor__begin_drain(void *a, void *b) {
     timer_stop(&r->timers, &l->retry);
   }
 }
+
+bool reactor_draining(const reactor_t *r) { return r->draining; }
 
 void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms) {
   r->drain_grace = grace_ms; /* read on the loop thread after the post */

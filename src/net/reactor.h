@@ -110,6 +110,11 @@ bool reactor_stopping(const reactor_t *r);
  * the last is gone, or after drain_ms, shuts down as reactor_shutdown does
  * with grace_ms. Any thread. */
 void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms);
+/* Whether a drain has begun (reactor thread). A protocol with keep-alive
+ * lets its next answer close the connection, so the client reconnects to
+ * a server that accepts rather than having an idle connection closed
+ * under a request it is sending. */
+bool reactor_draining(const reactor_t *r);
 
 /* The reactor's timer heap, for timer_start/timer_stop (reactor thread;
  * use reactor_now for `now`). */
@@ -203,6 +208,10 @@ int reactor_conn_write_ref(conn_t *c, const void *data, size_t len,
 int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len);
 /* Bytes queued and not yet written. */
 size_t reactor_conn_pending(const conn_t *c);
+/* Whether the queue is past write_limit (back pressure: reading stops
+ * until it is down to half). A protocol that answers input already read
+ * (pipelined requests) waits for on_ready instead of writing more. */
+bool reactor_conn_congested(const conn_t *c);
 
 /* Closes once the queue has drained (reading stops now). */
 void reactor_conn_close(conn_t *c, int reason);

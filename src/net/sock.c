@@ -163,12 +163,14 @@ static int sock__tcp(const char *host, int port, bool passive,
 struct sock__listen_opts {
   int backlog;
   bool reuseport;
+  bool probe; /* bind only, without SO_REUSEPORT: is the port free? */
 };
 
 static int sock__try_listen(int fd, const struct addrinfo *p, void *arg) {
   struct sock__listen_opts *o = arg;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (o->probe) return bind(fd, p->ai_addr, p->ai_addrlen) ? -errno : 0;
   if (o->reuseport &&
       setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)))
     return -errno;
@@ -178,15 +180,29 @@ static int sock__try_listen(int fd, const struct addrinfo *p, void *arg) {
 }
 
 int sock_listen_tcp(const char *host, int port, int backlog) {
-  struct sock__listen_opts o = {backlog, false};
+  struct sock__listen_opts o = {backlog, false, false};
   return sock__tcp(host && *host ? host : NULL, port, true, sock__try_listen,
                    &o);
 }
 
 int sock_listen_tcp_shared(const char *host, int port, int backlog) {
-  struct sock__listen_opts o = {backlog, true};
+  struct sock__listen_opts o = {backlog, true, false};
   return sock__tcp(host && *host ? host : NULL, port, true, sock__try_listen,
                    &o);
+}
+
+int sock_listen_tcp_group(const char *host, int port, int backlog) {
+  if (port != 0) {
+    /* A bind without SO_REUSEPORT conflicts with any listener there, a
+     * reuseport group of another process included, which the group's
+     * own bind would silently join (any process of the same user may). */
+    struct sock__listen_opts o = {backlog, false, true};
+    int fd = sock__tcp(host && *host ? host : NULL, port, true,
+                       sock__try_listen, &o);
+    if (fd < 0) return fd;
+    close(fd);
+  }
+  return sock_listen_tcp_shared(host, port, backlog);
 }
 
 static int sock__unix_addr(const char *path, struct sockaddr_un *sa) {

@@ -60,6 +60,10 @@ int sock_listen_tcp(const char *host, int port, int backlog);
 /* The same with SO_REUSEPORT: several such sockets share one port and the
  * kernel spreads new connections over them. */
 int sock_listen_tcp_shared(const char *host, int port, int backlog);
+/* The first socket of such a group: -EADDRINUSE when anything listens on
+ * host:port already (another server's group too, which a plain
+ * SO_REUSEPORT bind would join and split connections with). */
+int sock_listen_tcp_group(const char *host, int port, int backlog);
 /* Unix listener at `path`. A stale socket file (nobody accepts on it) is
  * replaced; a live one gives -EADDRINUSE. */
 int sock_listen_unix(const char *path, int backlog);

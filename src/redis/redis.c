@@ -116,6 +116,10 @@ struct redis_link {
   redisAsyncContext *ac; /* connecting or connected, or NULL */
   bool up;
   bool freeing;
+  /* Calls into hiredis under way: hiredis may call back into the user of
+   * the link (a reply callback resumes Lua, which may free the link), so
+   * the block stays until the outermost call has returned. */
+  int depth;
   reactor_watch_t *w;
   unsigned want; /* POLL_READ | POLL_WRITE, what hiredis asked for */
   mp_timer_t retry, connect_timer;
@@ -154,20 +158,34 @@ static void redis__cleanup(void *d) {
   l->want = 0;
 }
 
+/* Around every hiredis call that can run callbacks: a link freed from
+ * inside one (r:close() or a collected client in a resumed coroutine) is
+ * marked and freed by the outermost leave, so neither hiredis's own
+ * cleanup and disconnect hooks nor the code after the call touch a freed
+ * block. redis__leave returns true if it freed the link. */
+static void redis__enter(redis_link_t *l) { l->depth++; }
+static bool redis__leave(redis_link_t *l) {
+  if (--l->depth > 0 || !l->freeing) return false;
+  free(l);
+  return true;
+}
+
 static void redis__io(void *arg, unsigned events) {
   redis_link_t *l = arg;
   redisAsyncContext *ac = l->ac;
   if (!ac) return;
+  redis__enter(l);
   if (events & POLL_HUP) {
     /* A failed connect shows as an error while waiting to write. */
     if (l->want & POLL_WRITE)
       redisAsyncHandleWrite(ac);
     else
       redisAsyncHandleRead(ac);
-    return;
+  } else {
+    if (events & POLL_READ) redisAsyncHandleRead(ac);
+    if (l->ac == ac && (events & POLL_WRITE)) redisAsyncHandleWrite(ac);
   }
-  if (events & POLL_READ) redisAsyncHandleRead(ac);
-  if (l->ac == ac && (events & POLL_WRITE)) redisAsyncHandleWrite(ac);
+  redis__leave(l);
 }
 
 static void redis__connect(mp_timer_t *t);
@@ -258,7 +276,9 @@ static void redis__connect_timeout(mp_timer_t *t) {
   redisAsyncContext *ac = l->ac;
   if (!ac || l->up) return; /* (a handshake that hangs times out too) */
   l->ac = NULL;
-  redisAsyncFree(ac);
+  redis__enter(l);
+  redisAsyncFree(ac); /* pending replies come back as NULL: Lua may run */
+  if (redis__leave(l) || l->freeing) return;
   redis__failed(l, "timed out connecting to", "no answer");
   redis__went_down(l);
 }
@@ -329,17 +349,26 @@ redisAsyncContext *redis_link_ctx(redis_link_t *l) {
 
 redisAsyncContext *redis_link_ctx_any(redis_link_t *l) { return l->ac; }
 
+bool redis_link_closing(const redisAsyncContext *ac) {
+  const redis_link_t *l = ac ? ac->ev.data : NULL;
+  return !l || l->freeing;
+}
+
 void redis_link_free(redis_link_t *l) {
-  if (!l) return;
+  if (!l || l->freeing) return;
   l->freeing = true;
   timer_stop(reactor_timers(l->r), &l->retry);
   timer_stop(reactor_timers(l->r), &l->connect_timer);
+  redis__enter(l);
   if (l->ac) {
     redisAsyncContext *ac = l->ac;
     l->ac = NULL;
-    redisAsyncFree(ac); /* calls back with NULL replies, then cleanup */
+    /* Calls back with NULL replies, then cleanup; inside a hiredis
+     * callback it only marks the context, and hiredis frees it (with the
+     * same calls) when that callback returns. */
+    redisAsyncFree(ac);
   }
-  free(l);
+  redis__leave(l);
 }
 
 /* ---- the engine ---- */

@@ -47,6 +47,13 @@ redisAsyncContext *redis_link_ctx(redis_link_t *l);
 /* The same, or the context still connecting (commands sent to it wait
  * for the connection, behind AUTH and SELECT). */
 redisAsyncContext *redis_link_ctx_any(redis_link_t *l);
+/* True when ac's link is being freed: a reply callback that gets NULL then
+ * must not run user code (the owner closed the link). */
+bool redis_link_closing(const redisAsyncContext *ac);
+/* Frees the link and its context; pending replies are called back with
+ * NULL first. Legal from inside any of the link's callbacks (a reply
+ * callback that closes its own client): the memory then goes when the
+ * outermost hiredis call returns. */
 void redis_link_free(redis_link_t *l);
 
 /* ---- the pub/sub engine ---- */
