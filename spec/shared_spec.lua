@@ -251,6 +251,25 @@ describe("mp.shared", function()
     for _, p in ipairs(kids) do ffi.C.kill(p, H.SIGKILL) end
   end)
 
+  it("--max-memory does not count a dictionary's pages against the workers that use it", function()
+    local dir = H.tmpdir()
+    local sizefile = dir .. "/size"
+    local f = assert(io.open(sizefile, "w")) f:write("128m\n") f:close()
+    local srv, port = start({ sizefile }, { workers = 2, threads = 1,
+                                             options = { "--max-memory", "60" } })
+    local before = H.children(srv:pid())
+    local c = reach(port, 1)[1].c
+    -- 90 MB of values (in 128 KiB blocks: some are evicted again), all
+    -- touched by this worker and mapped by both
+    assert.truthy(ask(c, "fill main 900 100000", H.T(30)):match("^filled %d+$"))
+    local cap, free = ask(c, "space main"):match("^(%d+) (%d+)$")
+    assert.truthy(tonumber(cap) - tonumber(free) > 80e6, cap .. " " .. free)
+    H.sleep(1.5) -- the root checks memory twice a second
+    assert.same(before, H.children(srv:pid()))
+    assert.falsy(H.plain(srv:stderr(), "max-memory"), srv:stderr())
+    assert.equal(("x"):rep(100000), ask(c, "get main f900"))
+  end)
+
   it("stays usable when workers are killed with kill -9 in the middle of writing, again and again", function()
     local srv, port = start({}, { workers = 2, threads = 1 })
     local kills = 0
