@@ -265,9 +265,13 @@ describe("mp.shared", function()
     local cap, free = ask(c, "space main"):match("^(%d+) (%d+)$")
     assert.truthy(tonumber(cap) - tonumber(free) > 80e6, cap .. " " .. free)
     H.sleep(1.5) -- the root checks memory twice a second
-    assert.same(before, H.children(srv:pid()))
-    assert.falsy(H.plain(srv:stderr(), "max-memory"), srv:stderr())
-    assert.equal(("x"):rep(100000), ask(c, "get main f900"))
+    -- TSan's shadow of the pages touched is the worker's own memory, so
+    -- under TSan the worker does pass the limit
+    if not H.bin:find("tsan", 1, true) then
+      assert.same(before, H.children(srv:pid()))
+      assert.falsy(H.plain(srv:stderr(), "max-memory"), srv:stderr())
+      assert.equal(("x"):rep(100000), ask(c, "get main f900"))
+    end
   end)
 
   it("stays usable when workers are killed with kill -9 in the middle of writing, again and again", function()
