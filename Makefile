@@ -36,6 +36,9 @@ $(OUT)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# lx_shared.c builds src/lx/lx_shared_ffi.lua in (.incbin), which -MMD can't see.
+$(OUT)/src/lx/lx_shared.o: src/lx/lx_shared_ffi.lua
+
 $(BIN): $(OBJS) $(OUT)/src/main.o
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -80,6 +83,7 @@ bench: all
 	@bash scripts/bench-pubsub
 	@bash scripts/bench-fanout
 	@bash scripts/bench-redis
+	@bash scripts/bench-shared
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
 	@bash scripts/bench-reload   # errors clients see through 100 reloads, against nginx
 	@bash scripts/bench-idle     # bytes per idle TCP, HTTP and WebSocket connection

@@ -582,6 +582,7 @@ static void cleanup(lx_server_t *srv) {
   free(srv->group.r);
   if (srv->wake_fd >= 0) close(srv->wake_fd);
   pthread_mutex_destroy(&srv->listen_lock);
+  lx_shared_free_all(srv);
   sock_deinit();
 }
 
@@ -789,6 +790,7 @@ static int worker_main(int index, int sink, int ipc_fd, void *arg) {
   srv->peers = NULL;
   srv->ipc_fd = ipc_fd;
   pthread_mutex_init(&srv->ipc_lock, NULL);
+  pthread_mutex_init(&srv->shared_lock, NULL);
   ipc_reader_init(&srv->ipc_reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
   srv->nlanes = srv->threads;
   atomic_store(&srv->lanes_done, 0);
@@ -955,6 +957,7 @@ static int run_root(lx_server_t *srv, bool watch) {
     pubsub_free(srv->ps);
     free(srv->lanes);
     lx_server_close_listeners(srv);
+    lx_shared_free_all(srv);
     return 1;
   }
   handle(SIGCHLD, on_child);
@@ -982,6 +985,7 @@ static int run_root(lx_server_t *srv, bool watch) {
     if (rt.inotify >= 0) close(rt.inotify);
     pubsub_free(srv->ps);
     lx_server_close_listeners(srv);
+    lx_shared_free_all(srv);
     return 1;
   }
   handle(SIGINT, on_stop_signal);
@@ -1006,6 +1010,7 @@ static int run_root(lx_server_t *srv, bool watch) {
   lx_server_close_listeners(srv);
   free(srv->group.r);
   close(srv->wake_fd);
+  lx_shared_free_all(srv);
   sock_deinit();
   log_info("stopped");
   return 0;
@@ -1068,6 +1073,7 @@ int main(int argc, char **argv) {
   srv.redis_cli = srv.remote = o.redis != NULL;
   pthread_mutex_init(&srv.listen_lock, NULL);
   pthread_mutex_init(&srv.ipc_lock, NULL);
+  pthread_mutex_init(&srv.shared_lock, NULL);
   srv.ipc_fd = -1;
   srv.access_fd = -1;
   if (o.log) {

@@ -391,16 +391,19 @@ void cluster_stop(cluster_t *c) {
   }
 }
 
-/* Resident bytes of a process, or 0 if unknown. */
+/* Resident bytes of a process that are its own, or 0 if unknown: shared
+ * pages (the binary and libraries, and mp.shared dictionaries, which every
+ * worker maps and would otherwise count once per worker) are left out. */
 static size_t cluster__rss(pid_t pid) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/statm", (int)pid);
   FILE *f = fopen(path, "r");
   if (!f) return 0;
-  unsigned long size = 0, resident = 0;
-  int got = fscanf(f, "%lu %lu", &size, &resident);
+  unsigned long size = 0, resident = 0, shared = 0;
+  int got = fscanf(f, "%lu %lu %lu", &size, &resident, &shared);
   fclose(f);
-  return got == 2 ? (size_t)resident * (size_t)sysconf(_SC_PAGESIZE) : 0;
+  if (got != 3 || shared > resident) return 0;
+  return (size_t)(resident - shared) * (size_t)sysconf(_SC_PAGESIZE);
 }
 
 /* Twice a second: drain deadlines, heartbeats, memory, and a roll that

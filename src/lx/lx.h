@@ -133,6 +133,11 @@ struct lx_server {
    * [sink * (threads + 1), + threads + 1). */
   struct stats *stats;
   int sink;
+  /* mp.shared dictionaries by name: made in the root (or, with one
+   * process, by lane 1) and inherited by forked workers. Never removed
+   * while the process runs. */
+  pthread_mutex_t shared_lock;
+  struct lx_shared_dict *shared; /* guarded by shared_lock */
 };
 
 /* Everything in a lane belongs to the lane's thread (after start-up, which
@@ -173,6 +178,7 @@ struct lx_lane {
   struct lx_http_cache *http_cache; /* lx_http.c's, lx_http_lane_free */
   stats_slot_t *stats;         /* its slot of srv->stats, or NULL */
   mp_timer_t stats_timer;      /* once a second: its gauges */
+  bool loading;                /* the script's top level is running */
 };
 
 /* ---- lx_lane.c ---- */
@@ -382,6 +388,14 @@ int lx_timer_anchor(lx_timer_t *t);
  * the options table at idx (mp.http passes its own). */
 int lx_listen_with(lua_State *L, lx_lane_t *ln,
                    lx_service_t *(*make)(lua_State *L, lx_lane_t *ln, int idx));
+
+/* ---- lx_shared.c ---- */
+
+/* Adds mp.shared to the module table at the top of L. */
+void lx_shared_open(lua_State *L, lx_lane_t *ln);
+/* Unmaps this process's dictionaries. Main thread, at exit, after the
+ * lanes are gone. */
+void lx_shared_free_all(lx_server_t *srv);
 
 /* ---- lx_http.c ---- */
 

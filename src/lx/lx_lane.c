@@ -341,7 +341,9 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
   lx__set_args(L, srv);
 
   int rc = luaL_loadfile(L, srv->script);
+  ln->loading = true; /* mp.shared may make dictionaries */
   if (rc == 0) rc = lua_pcall(L, 0, 0, 0);
+  ln->loading = false;
   if (rc) {
     const char *m = lua_tostring(L, -1);
     if (rc == LUA_ERRFILE && m && strncmp(m, "cannot open ", 12) == 0)

@@ -780,6 +780,7 @@ int luaopen_moonport(lua_State *L) {
   lx_http_open(L, ln);
   lx_redis_open(L, ln);
   lx_stats_open(L, ln);
+  lx_shared_open(L, ln);
   lua_pushliteral(L, MOONPORT_VERSION);
   lua_setfield(L, -2, "version");
   lua_createtable(L, ln->srv->argc, 0);
