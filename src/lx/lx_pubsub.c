@@ -177,6 +177,11 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
   if (len > LX_MAX_CHANNEL)
     return luaL_error(L, "subscribe: channel of %d bytes (the limit is %d)",
                       (int)len, LX_MAX_CHANNEL);
+  /* Every publish is matched against every pattern (under the post
+   * office's lock): the cap keeps each match one linear pass. */
+  if (pattern && len > GLOB_MAX_PATTERN)
+    return luaL_error(L, "subscribe: pattern of %d bytes (the limit is %d)",
+                      (int)len, GLOB_MAX_PATTERN);
   int rc = lx__count(ln, ch, len, pattern, true);
   if (rc < 0) return luaL_error(L, "subscribe: out of memory");
   lx_sub_t *s = lua_newuserdata(L, sizeof(*s) + len);
