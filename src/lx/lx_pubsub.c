@@ -120,11 +120,13 @@ static void lx__cancel(lua_State *L, int idx) {
   lx_sub_t *s = lua_touserdata(L, idx);
   if (!s->active) return;
   s->active = false;
+  /* Uncount first: the Lua steps below can raise (out of memory), and an
+   * inactive subscription left in a list is only skipped. */
+  if (s->ln->srv->ps) lx__count(s->ln, s->ch, s->len, s->pattern, false);
   idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
   lx__remove(L, s, idx);
   luaL_unref(L, LUA_REGISTRYINDEX, s->fn_ref);
   s->fn_ref = LUA_NOREF;
-  if (s->ln->srv->ps) lx__count(s->ln, s->ch, s->len, s->pattern, false);
 }
 
 static int lx_sub_cancel(lua_State *L) {
@@ -182,23 +184,20 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
   if (pattern && len > GLOB_MAX_PATTERN)
     return luaL_error(L, "subscribe: pattern of %d bytes (the limit is %d)",
                       (int)len, GLOB_MAX_PATTERN);
-  int rc = lx__count(ln, ch, len, pattern, true);
-  if (rc < 0) return luaL_error(L, "subscribe: out of memory");
+  /* Everything that can raise (each Lua allocation, on out of memory)
+   * comes first, with the subscription inactive (dispatch skips it): the
+   * count, which tells the root or Redis, is the last step and cannot
+   * raise, so a subscription is counted exactly when it is active. */
   lx_sub_t *s = lua_newuserdata(L, sizeof(*s) + len);
   int sub_idx = lua_gettop(L);
   s->ln = ln;
   s->pattern = pattern;
-  s->active = true;
+  s->active = false;
+  s->fn_ref = LUA_NOREF;
   s->uuid = uuid;
   s->fwd = fwd;
   s->len = len;
   memcpy(s->ch, ch, len);
-  if (fwd) {
-    s->fn_ref = LUA_NOREF;
-  } else {
-    lua_pushvalue(L, base + 1);
-    s->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  }
   luaL_getmetatable(L, LX_SUB_MT);
   lua_setmetatable(L, sub_idx);
   /* lists[channel][#+1] = sub */
@@ -230,6 +229,17 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
     lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
     lua_pop(L, 2);
   }
+  if (!fwd) { /* last of the Lua steps: a raise before it leaks no ref */
+    lua_pushvalue(L, base + 1);
+    s->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  if (lx__count(ln, ch, len, pattern, true) < 0) {
+    lx__remove(L, s, sub_idx); /* in its conn_subs list it stays inactive */
+    luaL_unref(L, LUA_REGISTRYINDEX, s->fn_ref);
+    s->fn_ref = LUA_NOREF;
+    return luaL_error(L, "subscribe: out of memory");
+  }
+  s->active = true;
   lua_settop(L, sub_idx);
   return 1;
 }
