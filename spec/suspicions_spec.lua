@@ -33,6 +33,68 @@ describe("issue 16 suspicions", function()
     end)
   end)
 
+  describe("13: out of memory while a callback's arguments are pushed", function()
+    -- RLIMIT_AS can't be combined with a sanitizer's shadow memory.
+    local sanitized = H.bin:find("/asan/", 1, true) or H.bin:find("/tsan/", 1, true)
+    local socket = require "socket"
+
+    -- The fixture under an 80 MB address-space limit, one process, one lane.
+    local function start(hold)
+      local port, echo = H.free_port(), H.free_port()
+      local srv = H.spawn({ "/bin/sh", "-c", 'ulimit -v 80000 && exec "$0" "$@"', H.bin,
+        "-w", "1", "-t", "1", H.fixture("susp_oom.lua"), tostring(port), tostring(hold),
+        tostring(echo) })
+      H.wait_for(function()
+        assert(srv:alive(), "server exited: " .. srv:stderr())
+        return srv:listens_on(port) and srv:listens_on(echo)
+      end, H.T(10), "server to listen")
+      return srv, port, echo
+    end
+
+    local function get(port, path)
+      local c = H.connect(port)
+      assert.is_true(H.send(c, "GET " .. path .. " HTTP/1.1\r\nHost: x\r\n\r\n"))
+      local line = H.read_line(c, H.T(5))
+      c:close()
+      return line
+    end
+
+    it("a request that meets a full heap gets a 500 and the worker lives on", function()
+      if sanitized then return pending("RLIMIT_AS and a sanitizer don't mix") end
+      local srv, port = start(1500)
+      -- one keep-alive connection, made while there is memory for it
+      local c = H.connect(port)
+      assert.is_true(H.send(c, "GET /fill HTTP/1.1\r\nHost: x\r\n\r\n"))
+      assert.truthy(H.read_until(c, "filling\n", H.T(5)))
+      socket.sleep(0.5)                  -- the heap is full from about 30 ms on
+      assert.is_true(H.send(c, "GET /during HTTP/1.1\r\nHost: x\r\n\r\n"))
+      local during = H.read_line(c, H.T(5))
+      socket.sleep(0.2)                  -- a panicking process takes a moment to go
+      assert.is_true(srv:alive(), "the process died: " .. srv:stderr())
+      -- the 500, unless the heap was too full even for its write queue (the
+      -- connection then just closes)
+      if during ~= nil then assert.equal("HTTP/1.1 500 Internal Server Error", during) end
+      assert.truthy(srv:stderr():find("out of memory while starting a callback", 1, true))
+      H.wait_for(function() return srv:stderr():find("release", 1, true) end, H.T(5), "release")
+      assert.equal("HTTP/1.1 200 OK", get(port, "/after"))
+    end)
+
+    it("data that meets a full heap closes its connection and the worker lives on", function()
+      if sanitized then return pending("RLIMIT_AS and a sanitizer don't mix") end
+      local srv, port, echo = start(1500)
+      assert.equal("HTTP/1.1 200 OK", get(port, "/fill"))
+      socket.sleep(0.5)
+      local c = H.connect(echo)
+      H.send(c, ("d"):rep(60000))        -- the server may close before it has all
+      H.read_to_eof(c, H.T(5))           -- closed (or echoed, if memory came back)
+      socket.sleep(0.2)
+      assert.is_true(srv:alive(), "the process died: " .. srv:stderr())
+      H.wait_for(function() return srv:stderr():find("release", 1, true) end, H.T(5), "release")
+      local e = H.connect(echo)
+      assert.equal("ok", H.exchange(e, "ok", 2))
+    end)
+  end)
+
   describe("12: the root reaps only its workers", function()
     it("io.popen in the root script: pclose collects the child after the root saw its SIGCHLD", function()
       local port = H.free_port()

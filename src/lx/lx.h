@@ -203,6 +203,20 @@ void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
 lua_State *lx_co_take(lx_lane_t *ln, int *co_ref);
 bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what);
+/* lx_co_take and the pushes of a callback's function and arguments, in
+ * protected mode, for the callers whose pushes allocate (a request, a
+ * chunk of data): out of memory there must fail that one callback, not
+ * panic the process (issue 16, item 13). push(L, arg) pushes the function
+ * and its arguments onto L (the lane's main state), at most LX_PUSH_MAX
+ * values, and returns how many, or a negative number to start nothing.
+ * Returns the coroutine with the values on it (*nargs: their count, the
+ * function included) and *co_ref; or NULL with *nargs the negative number
+ * push returned, or -ENOMEM (logged) when a push or the take ran out of
+ * memory. */
+#define LX_PUSH_MAX 16
+lua_State *lx_co_take_push(lx_lane_t *ln, int *co_ref,
+                           int (*push)(lua_State *L, void *arg), void *arg,
+                           int *nargs);
 /* Drops a suspended callback for good: releases what it held. */
 void lx_run_abandon(lx_lane_t *ln, lx_run_t *run);
 /* Continues a suspended callback (the run was copied when it suspended). */

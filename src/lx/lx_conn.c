@@ -314,15 +314,34 @@ static void lx_on_open(conn_t *c) {
   if (s->on_open != LUA_NOREF) lx__dispatch(c, s->on_open, "on_open");
 }
 
+struct lx__data {
+  conn_t *c;
+  const char *data;
+  size_t len;
+};
+
+static int lx__push_data(lua_State *L, void *arg) {
+  struct lx__data *d = arg;
+  lx_service_t *s = lx__svc(d->c);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, s->on_data);
+  lx_conn_push(L, s->ln, d->c);
+  lua_pushlstring(L, d->data, d->len);
+  return 3;
+}
+
 static void lx_on_data(conn_t *c, const char *data, size_t len) {
-  lx_service_t *s = lx__svc(c);
-  lx_lane_t *ln = s->ln;
-  int co_ref;
-  lua_State *co = lx_co_take(ln, &co_ref);
-  lua_rawgeti(co, LUA_REGISTRYINDEX, s->on_data);
-  lx_conn_push(co, ln, c);
-  lua_pushlstring(co, data, len);
-  lx_call_on(ln, co, co_ref, 2, LX_CONN, c, NULL, "on_data");
+  lx_lane_t *ln = lx__svc(c)->ln;
+  /* The string of up to 64 KiB is the allocation most likely to meet out
+   * of memory: push it protected. Failing, the bytes are lost, and a
+   * stream with a hole is worse than a close. */
+  struct lx__data d = {c, data, len};
+  int co_ref, n;
+  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_data, &d, &n);
+  if (!co) {
+    reactor_conn_force_close(c, CONN_ERROR);
+    return;
+  }
+  lx_call_on(ln, co, co_ref, n - 1, LX_CONN, c, NULL, "on_data");
 }
 
 static void lx_on_ready(conn_t *c) {

@@ -675,6 +675,31 @@ static bool lx__is_upgrade(const http_request_t *r) {
 
 static bool lx__static(conn_t *c, lx_hconn_t *hc);
 
+/* The on_request run's function and arguments: the runner, the handler,
+ * the response and the request's parts (lx_co_take_push's push; -1 for a
+ * target that doesn't decode). */
+struct lx__req_args {
+  conn_t *c;
+  lx_hconn_t *hc;
+  const char *body;
+  size_t blen;
+};
+
+static int lx__push_run(lua_State *L, void *arg) {
+  struct lx__req_args *ra = arg;
+  lx_service_t *s = ra->hc->svc;
+  int top = lua_gettop(L);
+  lua_pushlightuserdata(L, (void *)&lx_runner_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lx__cfg(s)->on_request);
+  lx__push_res(L, s->ln, ra->c, ra->hc);
+  if (!lx__push_req_parts(L, ra->hc, ra->body, ra->blen)) {
+    lua_settop(L, top);
+    return -1;
+  }
+  return 3 + LX_REQ_PARTS;
+}
+
 /* The request in hand is whole: run on_request. */
 static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
                          size_t blen) {
@@ -698,16 +723,13 @@ static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
     lx__complete(c, hc, res.keep_alive && hc->keep_alive);
     return;
   }
-  int co_ref;
-  lua_State *co = lx_co_take(ln, &co_ref);
-  lua_pushlightuserdata(co, (void *)&lx_runner_key);
-  lua_rawget(co, LUA_REGISTRYINDEX);
-  lua_rawgeti(co, LUA_REGISTRYINDEX, lx__cfg(s)->on_request);
-  lx__push_res(co, ln, c, hc);
-  if (!lx__push_req_parts(co, hc, body, blen)) {
-    lua_settop(co, 0);
-    luaL_unref(ln->L, LUA_REGISTRYINDEX, co_ref);
-    lx__refuse(c, hc, 400);
+  /* Protected: out of memory in these pushes fails this request (500)
+   * instead of panicking the process (issue 16, item 13). */
+  struct lx__req_args ra = {c, hc, body, blen};
+  int co_ref, n;
+  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_run, &ra, &n);
+  if (!co) {
+    lx__refuse(c, hc, n == -ENOMEM ? 500 : 400);
     return;
   }
   hc->state = H_BUSY;
