@@ -33,6 +33,48 @@ describe("issue 16 suspicions", function()
     end)
   end)
 
+  describe("10: req:read() and the request it belongs to", function()
+    local function start()
+      local port = H.free_port()
+      local srv = H.start("susp_read.lua", { args = { port }, wait_port = port, threads = 1 })
+      return srv, H.connect(port)
+    end
+
+    -- The body of the response that follows on c.
+    local function body_of(c)
+      local buf = H.read_until(c, function(b)
+        local head = b:find("\r\n\r\n", 1, true)
+        local n = head and tonumber(b:match("[Cc]ontent%-[Ll]ength: (%d+)"))
+        return n and #b >= head + 3 + n
+      end, H.T(5))
+      assert.truthy(buf, "no whole response")
+      local head = buf:find("\r\n\r\n", 1, true)
+      return buf:sub(head + 4)
+    end
+
+    it("a req kept past its response does not read the next request's body", function()
+      local srv, c = start()
+      assert.is_true(H.send(c, "GET /keep HTTP/1.1\r\nHost: x\r\n\r\n"))
+      assert.equal("kept", body_of(c))
+      assert.is_true(H.send(c, "POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"))
+      assert.equal("late got [hello]", body_of(c))
+      srv:wait_stdout("stale read:", H.T(5), true)
+      assert.equal("stale read:\ttrue\tnil\tclosed", srv:stdout():match("stale read:[^\n]*"))
+    end)
+
+    it("only the request's own handler may wait in req:read()", function()
+      local srv, c = start()
+      -- the body comes late, so a read from the timer would have to wait
+      assert.is_true(H.send(c, "POST /timer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n"))
+      srv:wait_stdout("timer read:", H.T(5), true)
+      H.sleep(0.4)
+      assert.is_true(H.send(c, "hello"))
+      assert.equal("timer got [hello]", body_of(c))
+      assert.equal("timer read:\tfalse\treq:read: can wait only in the request's own handler "
+        .. "(not in a timer or another callback)", srv:stdout():match("timer read:[^\n]*"))
+    end)
+  end)
+
   describe("13: out of memory while a callback's arguments are pushed", function()
     -- RLIMIT_AS can't be combined with a sanitizer's shadow memory.
     local sanitized = H.bin:find("/asan/", 1, true) or H.bin:find("/tsan/", 1, true)

@@ -76,6 +76,9 @@ typedef struct {
   uint64_t body_left;   /* Content-Length bytes not yet read by Lua */
   uint64_t body_seen;   /* decoded bytes so far (chunked) */
   lx_run_t reader;
+  /* Numbers the connection's requests (req._seq): req:read() acts only
+   * for the request in flight, not for a `req` kept from an earlier one. */
+  uint32_t seq;
   /* For the access log: the response's status and body bytes, and when
    * the request was whole. */
   int log_status;
@@ -491,11 +494,12 @@ static int lx_req_peer(lua_State *L) {
 /* Pushes the request's parts, the arguments of the Lua request builder
  * (lx_runner_src): method, path (decoded), query, target, minor version,
  * headers (a table of lower-case names; repeated fields joined with ", "),
- * body (nil: streamed, read with req:read()) and conn_id. The table itself
+ * body (nil: streamed, read with req:read()), conn_id and the request's
+ * number on its connection (hc->seq, bumped here). The table itself
  * is made in Lua, where a constructor with constant keys is one template
  * copy instead of a hashed lua_setfield per field. False for a path that
  * doesn't decode (nothing pushed). */
-#define LX_REQ_PARTS 8
+#define LX_REQ_PARTS 9
 static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
                                size_t blen) {
   http_request_t *r = &hc->req;
@@ -555,6 +559,7 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
   else
     lua_pushnil(L);
   lua_pushnumber(L, (lua_Number)hc->uuid);
+  lua_pushnumber(L, (lua_Number)++hc->seq);
   return true;
 }
 
@@ -605,14 +610,17 @@ static const char lx_runner_key = 0;
 static const char lx_runner_src[] =
     "local RMT, HMT = ...\n"
     "local xpcall, traceback, setmetatable = xpcall, debug.traceback, setmetatable\n"
-    "local function build(method, path, query, target, minor, headers, body, id)\n"
+    "local function build(method, path, query, target, minor, headers, body, id,\n"
+    "                     seq)\n"
     "  return setmetatable({ method = method, path = path, query = query,\n"
     "    target = target, version = minor == 0 and '1.0' or '1.1',\n"
-    "    headers = setmetatable(headers, HMT), body = body, conn_id = id }, RMT)\n"
+    "    headers = setmetatable(headers, HMT), body = body, conn_id = id,\n"
+    "    _seq = seq }, RMT)\n"
     "end\n"
     "local function run(handler, res, method, path, query, target, minor,\n"
-    "                   headers, body, id)\n"
-    "  local req = build(method, path, query, target, minor, headers, body, id)\n"
+    "                   headers, body, id, seq)\n"
+    "  local req = build(method, path, query, target, minor, headers, body, id,\n"
+    "                    seq)\n"
     "  local ok, err = xpcall(handler, traceback, req, res)\n"
     "  if ok then res:_done() else res:_fail(err) end\n"
     "end\n"
@@ -970,14 +978,19 @@ static void lx__reader_wake(conn_t *c, lx_hconn_t *hc) {
 }
 
 /* The connection whose streamed body a req:read() call may read (raises on
- * misuse). */
+ * misuse). The request must be the one in flight on its connection: a
+ * `req` kept past its response (in a timer, say) finds nothing, rather
+ * than the body of the next keep-alive request. */
 static conn_t *lx__reader_conn(lua_State *L, lx_lane_t *ln, lx_hconn_t **hcp) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_getfield(L, 1, "conn_id");
   sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
-  lua_pop(L, 1);
+  lua_getfield(L, 1, "_seq");
+  lua_Number seq = lua_tonumber(L, -1);
+  lua_pop(L, 2);
   conn_t *c = uuid ? reactor_conn_find(ln->r, uuid) : NULL;
   lx_hconn_t *hc = c ? reactor_conn_udata(c) : NULL;
+  if (hc && (hc->state == H_STREAM || (lua_Number)hc->seq != seq)) hc = NULL;
   if (hc && hc->state == H_BUSY && !hc->streaming)
     luaL_error(L, "req:read: the body was read already (mp.http stream_body "
                   "is off: use req.body)");
@@ -1012,8 +1025,15 @@ static int lx__read_check(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
   lx_check_waitable(L, ln, "req:read");
   lx_hconn_t *hc;
-  if (!lx__reader_conn(L, ln, &hc))
-    luaL_error(L, "req:read: the request is over");
+  conn_t *c = lx__reader_conn(L, ln, &hc);
+  if (!c) luaL_error(L, "req:read: the request is over");
+  /* Waiting gives up the hold of the run that waits (lx__read_arm): only
+   * the request's own handler holds the connection, so only it may wait.
+   * From a timer or another callback the release would drop the
+   * handler's hold, and the connection's next callbacks would overlap. */
+  if (ln->running->kind != LX_CONN || ln->running->c != c)
+    luaL_error(L, "req:read: can wait only in the request's own handler "
+                  "(not in a timer or another callback)");
   return 0;
 }
 
