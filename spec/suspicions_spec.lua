@@ -6,6 +6,75 @@ local H = require "spec.helper"
 describe("issue 16 suspicions", function()
   after_each(H.cleanup)
 
+  describe("7: Redis up but not reading", function()
+    local C = require("ffi").C            -- kill(2), declared by spec/helper.lua
+    local SIGSTOP, SIGCONT = 19, 18
+    local REDIS = os.getenv("MOONPORT_TEST_REDIS_SERVER") or "/usr/bin/redis-server"
+
+    -- A private redis-server, then the fixture on it (one process, one
+    -- lane; through it with `through_engine`).
+    local function start(through_engine)
+      local rport = H.free_port()
+      local redis = H.spawn({ REDIS, "--port", tostring(rport), "--bind", "127.0.0.1",
+        "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp",
+        "--loglevel", "warning" })
+      local socket = require "socket"
+      H.wait_for(function()
+        assert(redis:alive(), "redis-server exited: " .. redis:stderr())
+        local c = socket.connect("127.0.0.1", rport)
+        if c then c:close() end
+        return c ~= nil
+      end, H.T(10), "redis-server")
+      local url = "redis://127.0.0.1:" .. rport
+      local port = H.free_port()
+      local options = { "-w", 1 }
+      if through_engine then options[#options + 1] = "--redis"; options[#options + 1] = url end
+      local srv = H.start("susp_redis.lua", { args = { port, url }, wait_port = port,
+        threads = 1, options = options })
+      local c = H.connect(port)
+      assert.is_true(H.send(c, "ping\n"))
+      assert.equal("ping PONG nil", H.read_line(c, H.T(5)))
+      return srv, c, redis
+    end
+
+    it("r:cmd refuses with 'output buffer full' instead of buffering without end", function()
+      local srv, c, redis = start(false)
+      assert.equal(0, C.kill(redis:pid(), SIGSTOP))
+      -- 100 MiB of SETs to a Redis that reads nothing
+      assert.is_true(H.send(c, "flood 100 1048576\n"))
+      local line = H.read_line(c, H.T(30))
+      local sent, err = (line or ""):match("^flood sent=(%d+) err=(.*)$")
+      assert.equal("output buffer full (Redis is slow to read)", err, line)
+      assert.is_true(tonumber(sent) < 40, line)   -- 16 MiB buffered, plus the socket's
+      assert.equal(0, C.kill(redis:pid(), SIGCONT))
+      -- what was sent completes, and the client works again
+      H.wait_for(function()
+        assert.is_true(H.send(c, "done\n"))
+        return H.read_line(c, H.T(5)) == "done " .. sent
+      end, H.T(20), "the accepted SETs' callbacks")
+      assert.is_true(H.send(c, "ping\n"))
+      assert.equal("ping PONG nil", H.read_line(c, H.T(5)))
+      assert.is_true(srv:alive())
+    end)
+
+    it("mp.publish through the engine refuses past 64 MiB waiting, then works again", function()
+      local srv, c, redis = start(true)
+      assert.equal(0, C.kill(redis:pid(), SIGSTOP))
+      assert.is_true(H.send(c, "pub 100 1048576\n"))
+      local line = H.read_line(c, H.T(30))
+      local sent, err = (line or ""):match("^pub sent=(%d+) err=(.*)$")
+      assert.equal("redis is behind: 64 MiB of messages wait to be sent (Redis is slow or away)",
+        err, line)
+      assert.is_true(tonumber(sent) < 70, line)
+      assert.equal(0, C.kill(redis:pid(), SIGCONT))
+      H.wait_for(function()
+        assert.is_true(H.send(c, "pub 1 10\n"))
+        return H.read_line(c, H.T(5)) == "pub sent=1 err=nil"
+      end, H.T(20), "publishing to work again")
+      assert.is_true(srv:alive())
+    end)
+  end)
+
   describe("9: glob patterns", function()
     local function start()
       local port = H.free_port()

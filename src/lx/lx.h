@@ -122,6 +122,11 @@ struct lx_server {
   bool remote;
   struct redis_engine *engine;
   reactor_t *engine_r;
+  /* Bytes of publishes on their way to Redis in this process: posted to
+   * the engine's reactor and not taken yet (any thread adds, the engine's
+   * subtracts), and held by the engine (its gauge: unsent or queued).
+   * mp.publish refuses past LX_ENGINE_BACKLOG_MAX. */
+  _Atomic size_t engine_posted, engine_held;
   bool exiting;       /* root: freeing everything; retired lanes wait */
   int access_fd;      /* --log: one line per HTTP request, or -1 */
 };
@@ -349,9 +354,12 @@ void lx_engine_count(lx_server_t *srv, const char *ch, size_t len,
                      bool pattern, bool add);
 /* pubsub_clear_sink's callback: a key lost its last subscriber. */
 void lx_engine_gone(const char *ch, size_t len, bool pattern, void *srv);
-/* Publishes through Redis (cluster scope). Any thread. */
-void lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
-                       const char *msg, size_t mlen, bool json);
+/* Publishes through Redis (cluster scope). Any thread. Returns 0, or
+ * -ENOBUFS (nothing sent) while LX_ENGINE_BACKLOG_MAX bytes of publishes
+ * wait for a Redis that is slow or away. */
+#define LX_ENGINE_BACKLOG_MAX ((size_t)64 << 20)
+int lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
+                      const char *msg, size_t mlen, bool json);
 
 /* ---- lx_redis.c ---- */
 

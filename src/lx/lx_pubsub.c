@@ -508,7 +508,13 @@ static int lx_publish(lua_State *L) {
   lx_server_t *srv = ln->srv;
   if (srv->remote && scope == SCOPE_CLUSTER && srv->ipc_fd < 0) {
     /* Through Redis to every server, this one included. */
-    lx_engine_publish(srv, ch, clen, msg, mlen, flags & PUBSUB_JSON);
+    if (lx_engine_publish(srv, ch, clen, msg, mlen, flags & PUBSUB_JSON)) {
+      lua_pushnil(L);
+      lua_pushfstring(L, "redis is behind: %d MiB of messages wait to be "
+                         "sent (Redis is slow or away)",
+                      (int)(LX_ENGINE_BACKLOG_MAX >> 20));
+      return 2;
+    }
     return 0;
   }
   if (srv->ipc_fd >= 0) {
@@ -653,8 +659,18 @@ static void lx__root_frame(int type, unsigned flags, const char *ch,
   default: return;
   }
   if (srv->engine && (flags & IPC_SCOPE_MASK) == SCOPE_CLUSTER) {
-    /* Everyone, the publisher too, gets it when it comes back. */
-    lx_engine_publish(srv, ch, clen, msg, mlen, flags & IPC_JSON);
+    /* Everyone, the publisher too, gets it when it comes back. Refused
+     * while Redis is behind: the worker can't be told, so a log line at
+     * the first drop of each run of them. Root thread only. */
+    static bool dropping;
+    if (lx_engine_publish(srv, ch, clen, msg, mlen, flags & IPC_JSON) == 0) {
+      dropping = false;
+    } else if (!dropping) {
+      dropping = true;
+      log_error("redis: %zu MiB of messages wait for Redis (slow or away); "
+                "dropping workers' messages until it catches up",
+                LX_ENGINE_BACKLOG_MAX >> 20);
+    }
     return;
   }
   pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
