@@ -75,6 +75,58 @@ describe("issue 16 suspicions", function()
     end)
   end)
 
+  describe("8: a worker's lanes never block on the root", function()
+    local function start()
+      local port = H.free_port()
+      local srv = H.start("susp_ipc.lua", { args = { port }, wait_port = port,
+        threads = 1, options = { "-w", 2 } })
+      local c = H.connect(port)
+      H.wait_for(function()                 -- both workers serve
+        assert.is_true(H.send(c, "ping\n"))
+        return H.read_line(c, H.T(5)) == "pong"
+      end, H.T(10), "a worker")
+      return srv, c
+    end
+
+    local function flood(c, n, size)
+      assert.is_true(H.send(c, ("flood %d %d\n"):format(n, size)))
+      local line = H.read_line(c, H.T(30))
+      local sent, ms, err = (line or ""):match("^flood sent=(%d+) ms=(%d+) err=(.*)$")
+      assert.truthy(sent, line)
+      return tonumber(sent), tonumber(ms), err
+    end
+
+    it("publishing 20 MB to a root that spins in Lua for 2 s returns at once, and nothing is lost", function()
+      local srv, c = start()
+      assert.is_true(H.send(c, "busy 2000\n"))
+      assert.equal("busy", H.read_line(c, H.T(5)))
+      H.sleep(0.2)                          -- the root is spinning now
+      local sent, ms, err = flood(c, 2000, 10000)
+      assert.equal(2000, sent)
+      assert.equal("nil", err)
+      -- a blocking write waited for the root: about 1800 ms
+      assert.is_true(ms < 1000 * H.scale, ("the publishes took %d ms"):format(ms))
+      srv:wait_stdout("root flood 2000", H.T(15), true)
+      assert.is_true(H.send(c, "ping\n"))
+      assert.equal("pong", H.read_line(c, H.T(5)))
+    end)
+
+    it("past 64 MiB waiting for the root, mp.publish refuses with an error", function()
+      local _, c = start()
+      assert.is_true(H.send(c, "busy 3000\n"))
+      assert.equal("busy", H.read_line(c, H.T(5)))
+      H.sleep(0.2)
+      local sent, ms, err = flood(c, 100, 1048576)
+      assert.equal("the root process is behind: 64 MiB of messages wait for it", err)
+      assert.is_true(sent >= 60 and sent < 70, "sent " .. sent)
+      assert.is_true(ms < 2000 * H.scale, ("the publishes took %d ms"):format(ms))
+      H.wait_for(function()                 -- the root catches up
+        local n = flood(c, 1, 10)
+        return n == 1
+      end, H.T(20), "publishing to work again")
+    end)
+  end)
+
   describe("9: glob patterns", function()
     local function start()
       local port = H.free_port()

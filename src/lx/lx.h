@@ -99,6 +99,12 @@ struct lx_server {
                    root: sink 0 its lane, sink i worker i) */
   int ipc_fd;                /* a worker's socketpair end to the root, or -1 */
   pthread_mutex_t ipc_lock;  /* a worker's frames to the root, one at a time */
+  /* A worker's bytes for the root that its socket did not take yet, in
+   * order (guarded by ipc_lock). Lanes never block on the root: what the
+   * socket refuses waits here and the main thread flushes it when the
+   * socket is writable. Publishes past LX_IPC_OUT_MAX are refused. */
+  char *ipc_out;
+  size_t ipc_out_off, ipc_out_len, ipc_out_cap;
   ipc_reader_t ipc_reader;   /* a worker's frames from the root (main thread) */
   struct lx_peer *peers;     /* the root's links to worker processes, by
                                 post-office sink (1..2 * nworkers) */
@@ -331,6 +337,11 @@ void lx_ipc_worker_exited(int sink, void *srv);
 bool lx_ipc_drain(int sink, void *srv);
 /* A worker: tells the root it serves. */
 void lx_ipc_ready(lx_server_t *srv);
+/* A worker's main thread: whether bytes wait for the root (then poll its
+ * socket for POLLOUT), and writing what the socket takes now. */
+#define LX_IPC_OUT_MAX ((size_t)64 << 20)
+bool lx_ipc_out_pending(lx_server_t *srv);
+void lx_ipc_flush(lx_server_t *srv);
 /* The watchdog's check, on the main thread about once a second: a lane
  * whose callback runs past srv->lua_timeout_ms is reported (a log line; in
  * a worker also to the root, which replaces the worker); otherwise a
