@@ -577,6 +577,8 @@ static void cleanup(lx_server_t *srv) {
   pubsub_free(srv->ps);
   srv->ps = NULL;
   ipc_reader_deinit(&srv->ipc_reader);
+  free(srv->ipc_out);
+  srv->ipc_out = NULL;
   lx_server_close_listeners(srv);
   free(srv->lanes);
   free(srv->group.r);
@@ -718,8 +720,11 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
   uint64_t hard = 0; /* shutting down: past this, lanes still in Lua are
                         left behind (the process exits) */
   while ((size_t)atomic_load(&srv->lanes_done) < srv->nlanes) {
+    /* POLLOUT while frames for the root wait: the lanes queued them
+     * rather than block (lx_pubsub.c), and this thread writes them. */
+    short out = ipc_fd >= 0 && lx_ipc_out_pending(srv) ? POLLOUT : 0;
     struct pollfd p[2] = {{.fd = wake_fd, .events = POLLIN},
-                          {.fd = ipc_fd, .events = POLLIN}};
+                          {.fd = ipc_fd, .events = (short)(POLLIN | out)}};
     uint64_t now = reactor_clock_ms();
     if (hard && now >= hard) exit_stuck(srv);
     int wait = hard && hard - now < 1000 ? (int)(hard - now) : 1000;
@@ -727,6 +732,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     uint64_t v;
     ssize_t r = read(wake_fd, &v, sizeof(v));
     (void)r;
+    if (ipc_fd >= 0 && (p[1].revents & POLLOUT)) lx_ipc_flush(srv);
     lx_ipc_watchdog(srv);
     if (atomic_exchange(&reopens_asked, 0)) reopen_logs(srv);
     if (atomic_exchange(&reloads_asked, 0)) {
@@ -738,7 +744,7 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     }
     /* Frames from the root; EOF means it is gone. */
     bool eof = false;
-    while (ipc_fd >= 0 && p[1].revents) {
+    while (ipc_fd >= 0 && (p[1].revents & ~POLLOUT)) {
       char buf[65536];
       ssize_t n = recv(ipc_fd, buf, sizeof(buf), MSG_DONTWAIT);
       if (n > 0) {
@@ -773,6 +779,14 @@ static int run_lanes(lx_server_t *srv, int ipc_fd) {
     handled = seen;
   }
   defer_pool_join(pool);
+  /* What the lanes queued for the root last (their final unsubscribes
+   * and publishes) gets a second to go out. */
+  for (uint64_t end = reactor_clock_ms() + 1000;
+       ipc_fd >= 0 && lx_ipc_out_pending(srv) && reactor_clock_ms() < end;) {
+    struct pollfd p = {.fd = ipc_fd, .events = POLLOUT};
+    if (poll(&p, 1, 100) > 0) lx_ipc_flush(srv);
+    if (p.revents & (POLLERR | POLLHUP)) break;
+  }
   cleanup(srv);
   if (ipc_fd < 0) pidfile_remove();
   log_info("stopped");

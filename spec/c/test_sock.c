@@ -750,6 +750,37 @@ static void test_shared_frame(void) {
   sock_pool_deinit(&pool);
 }
 
+/* Issue 16, item 6: a handle kept past its connection must not match a
+ * later connection on the same fd for a long time. With 28-bit
+ * generations stepping by two, the 2^27th reopen of one fd gave the first
+ * connection's uuid back. Now it takes 2^32 - 1 opens of that fd, and the
+ * uuid (53 bits) stays exact as a Lua number. */
+static void test_uuid_generations_wide(void) {
+  CHECK(SOCK_FD_BITS + SOCK_GEN_BITS <= 53);
+  CHECK(SOCK_GEN_BITS >= 32);
+  int x;
+  int fd = (int)sock_capacity() - 2;
+  sock_uuid_t first = sock_uuid_open(fd, 1, &x);
+  CHECK(first != 0);
+  sock_uuid_close(first);
+  sock_uuid_t u = 0;
+  uint32_t repeats = 0;
+  for (uint32_t i = 0; i < (1u << 27); i++) {
+    u = sock_uuid_open(fd, 1, &x);
+    repeats += u == first;
+    sock_uuid_close(u);
+  }
+  CHECK_EQ(repeats, 0);
+  u = sock_uuid_open(fd, 1, &x);
+  CHECK(u != first);
+  CHECK(!sock_uuid_valid(first));
+  CHECK(sock_uuid_udata(first, 1) == NULL);
+  CHECK_EQ(sock_uuid_owner(first), -1);
+  CHECK((sock_uuid_t)(double)u == u); /* a Lua number carries it exactly */
+  CHECK(u < ((sock_uuid_t)1 << 53));
+  sock_uuid_close(u);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGPIPE, SIG_IGN);
@@ -761,6 +792,7 @@ int main(void) {
   }
   test_uuid_zero_and_capacity();
   test_uuid_lifecycle();
+  test_uuid_generations_wide();
   test_uuid_fd_zero();
   test_uuid_threads();
   test_wq_copy();

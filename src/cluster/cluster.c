@@ -303,44 +303,57 @@ static void cluster__how(int status, char *how, size_t len) {
     snprintf(how, len, "exited with status %d", WEXITSTATUS(status));
 }
 
+/* Reaps the workers that exited. Each worker's pid is waited for by name,
+ * never with waitpid(-1): the root script's own children (io.popen,
+ * os.execute) must stay for their pclose/system to collect, or those would
+ * fail with ECHILD. A SIGCHLD for such a child finds no worker to reap. */
+static void cluster__reaped(cluster_t *c, cluster_slot_t *s,
+                            cluster_proc_t *old, pid_t pid, int status) {
+  char how[64];
+  cluster__how(status, how, sizeof(how));
+  if (old) {
+    log_info("worker %d (pid %d), replaced, %s", s->index, (int)pid, how);
+    if (c->hooks.exited) c->hooks.exited(old->sink, c->arg);
+    *old = no_proc;
+    return;
+  }
+  int sink = s->cur.sink;
+  uint64_t lived = reactor_now(c->root) - s->cur.since;
+  s->cur = no_proc;
+  s->cur.sink = sink;
+  if (c->hooks.exited) c->hooks.exited(sink, c->arg);
+  if (c->stopping) {
+    log_info("worker %d (pid %d) %s", s->index, (int)pid, how);
+    return;
+  }
+  log_warn("worker %d (pid %d) %s; starting a new one", s->index, (int)pid,
+           how);
+  timer_start(reactor_timers(c->root), &s->respawn, reactor_now(c->root),
+              lived < CLUSTER_QUICK_DEATH_MS ? CLUSTER_SLOW_RESPAWN_MS
+                                             : CLUSTER_FAST_RESPAWN_MS,
+              0, 1, cluster__respawn, NULL, s);
+}
+
+/* waitpid for one known process: true when it was reaped. */
+static bool cluster__wait(pid_t pid, int *status) {
+  pid_t got;
+  do got = waitpid(pid, status, WNOHANG);
+  while (got < 0 && errno == EINTR);
+  return got == pid;
+}
+
 void cluster_reap(cluster_t *c) {
   int status;
-  pid_t pid;
-  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-    cluster_slot_t *s = NULL;
-    cluster_proc_t *old = NULL;
-    for (int i = 0; i < c->n && !s; i++) {
-      if (c->slots[i].cur.pid == pid) s = &c->slots[i];
-      for (int j = 0; j < CLUSTER_OLD && !s; j++)
-        if (c->slots[i].old[j].pid == pid) {
-          s = &c->slots[i];
-          old = &s->old[j];
-        }
+  for (int i = 0; i < c->n; i++) {
+    cluster_slot_t *s = &c->slots[i];
+    pid_t pid = s->cur.pid;
+    if (pid > 0 && cluster__wait(pid, &status))
+      cluster__reaped(c, s, NULL, pid, status);
+    for (int j = 0; j < CLUSTER_OLD; j++) {
+      pid = s->old[j].pid;
+      if (pid > 0 && cluster__wait(pid, &status))
+        cluster__reaped(c, s, &s->old[j], pid, status);
     }
-    if (!s) continue; /* a process the script started */
-    char how[64];
-    cluster__how(status, how, sizeof(how));
-    if (old) {
-      log_info("worker %d (pid %d), replaced, %s", s->index, (int)pid, how);
-      if (c->hooks.exited) c->hooks.exited(old->sink, c->arg);
-      *old = no_proc;
-      continue;
-    }
-    int sink = s->cur.sink;
-    uint64_t lived = reactor_now(c->root) - s->cur.since;
-    s->cur = no_proc;
-    s->cur.sink = sink;
-    if (c->hooks.exited) c->hooks.exited(sink, c->arg);
-    if (c->stopping) {
-      log_info("worker %d (pid %d) %s", s->index, (int)pid, how);
-      continue;
-    }
-    log_warn("worker %d (pid %d) %s; starting a new one", s->index, (int)pid,
-             how);
-    timer_start(reactor_timers(c->root), &s->respawn, reactor_now(c->root),
-                lived < CLUSTER_QUICK_DEATH_MS ? CLUSTER_SLOW_RESPAWN_MS
-                                               : CLUSTER_FAST_RESPAWN_MS,
-                0, 1, cluster__respawn, NULL, s);
   }
   if (c->stopping && cluster_live(c) == 0) {
     timer_stop(reactor_timers(c->root), &c->kill_timer);

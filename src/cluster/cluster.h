@@ -52,7 +52,9 @@ void cluster_free(cluster_t *c);
 int cluster_start(cluster_t *c);
 
 /* Reaps workers that exited (call when SIGCHLD arrived): logs how each
- * ended and, unless stopping, starts a replacement shortly. */
+ * ended and, unless stopping, starts a replacement shortly. Waits only for
+ * the workers' pids: other children of the process are left to whoever
+ * started them (io.popen's pclose in the root script). */
 void cluster_reap(cluster_t *c);
 
 /* Stops the workers gracefully (SIGTERM; a second call passes it on

@@ -6,6 +6,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* The longest pattern lx_pubsub accepts at subscribe. Up to this length
+ * (in fact up to 255 elements: bytes, `?`s, classes) glob_match runs in
+ * time linear in len(str), whatever the pattern; past it, it falls back
+ * to O(len(pat) * len(str)). */
+#define GLOB_MAX_PATTERN 256
+
 /* Whether `str` matches `pat`. Both are byte strings with lengths (binary
  * safe). In a pattern: `*` matches any run of bytes (also none), `?` any
  * one byte, `[abc]` one of a set, `[^abc]` one byte not in it, `[a-z]` a

@@ -103,6 +103,12 @@ struct lx_server {
                    root: sink 0 its lane, sink i worker i) */
   int ipc_fd;                /* a worker's socketpair end to the root, or -1 */
   pthread_mutex_t ipc_lock;  /* a worker's frames to the root, one at a time */
+  /* A worker's bytes for the root that its socket did not take yet, in
+   * order (guarded by ipc_lock). Lanes never block on the root: what the
+   * socket refuses waits here and the main thread flushes it when the
+   * socket is writable. Publishes past LX_IPC_OUT_MAX are refused. */
+  char *ipc_out;
+  size_t ipc_out_off, ipc_out_len, ipc_out_cap;
   ipc_reader_t ipc_reader;   /* a worker's frames from the root (main thread) */
   struct lx_peer *peers;     /* the root's links to worker processes, by
                                 post-office sink (1..2 * nworkers) */
@@ -126,6 +132,11 @@ struct lx_server {
   bool remote;
   struct redis_engine *engine;
   reactor_t *engine_r;
+  /* Bytes of publishes on their way to Redis in this process: posted to
+   * the engine's reactor and not taken yet (any thread adds, the engine's
+   * subtracts), and held by the engine (its gauge: unsent or queued).
+   * mp.publish refuses past LX_ENGINE_BACKLOG_MAX. */
+  _Atomic size_t engine_posted, engine_held;
   bool exiting;       /* root: freeing everything; retired lanes wait */
   int access_fd;      /* --log: one line per HTTP request, or -1 */
   /* The server's counters (core/stats.h), mapped before any fork; this
@@ -221,6 +232,20 @@ void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
 lua_State *lx_co_take(lx_lane_t *ln, int *co_ref);
 bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what);
+/* lx_co_take and the pushes of a callback's function and arguments, in
+ * protected mode, for the callers whose pushes allocate (a request, a
+ * chunk of data): out of memory there must fail that one callback, not
+ * panic the process (issue 16, item 13). push(L, arg) pushes the function
+ * and its arguments onto L (the lane's main state), at most LX_PUSH_MAX
+ * values, and returns how many, or a negative number to start nothing.
+ * Returns the coroutine with the values on it (*nargs: their count, the
+ * function included) and *co_ref; or NULL with *nargs the negative number
+ * push returned, or -ENOMEM (logged) when a push or the take ran out of
+ * memory. */
+#define LX_PUSH_MAX 16
+lua_State *lx_co_take_push(lx_lane_t *ln, int *co_ref,
+                           int (*push)(lua_State *L, void *arg), void *arg,
+                           int *nargs);
 /* Drops a suspended callback for good: releases what it held. */
 void lx_run_abandon(lx_lane_t *ln, lx_run_t *run);
 /* Continues a suspended callback (the run was copied when it suspended). */
@@ -339,6 +364,11 @@ void lx_ipc_worker_exited(int sink, void *srv);
 bool lx_ipc_drain(int sink, void *srv);
 /* A worker: tells the root it serves. */
 void lx_ipc_ready(lx_server_t *srv);
+/* A worker's main thread: whether bytes wait for the root (then poll its
+ * socket for POLLOUT), and writing what the socket takes now. */
+#define LX_IPC_OUT_MAX ((size_t)64 << 20)
+bool lx_ipc_out_pending(lx_server_t *srv);
+void lx_ipc_flush(lx_server_t *srv);
 /* The watchdog's check, on the main thread about once a second: a lane
  * whose callback runs past srv->lua_timeout_ms is reported (a log line; in
  * a worker also to the root, which replaces the worker); otherwise a
@@ -362,9 +392,12 @@ void lx_engine_count(lx_server_t *srv, const char *ch, size_t len,
                      bool pattern, bool add);
 /* pubsub_clear_sink's callback: a key lost its last subscriber. */
 void lx_engine_gone(const char *ch, size_t len, bool pattern, void *srv);
-/* Publishes through Redis (cluster scope). Any thread. */
-void lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
-                       const char *msg, size_t mlen, bool json);
+/* Publishes through Redis (cluster scope). Any thread. Returns 0, or
+ * -ENOBUFS (nothing sent) while LX_ENGINE_BACKLOG_MAX bytes of publishes
+ * wait for a Redis that is slow or away. */
+#define LX_ENGINE_BACKLOG_MAX ((size_t)64 << 20)
+int lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
+                      const char *msg, size_t mlen, bool json);
 
 /* ---- lx_redis.c ---- */
 

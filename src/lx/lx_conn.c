@@ -17,6 +17,8 @@
 
 typedef struct {
   sock_uuid_t uuid; /* 0 for a connection that never existed */
+  bool gone;        /* its connection closed: never look the uuid up again,
+                       however long the object is kept (issue 16, item 6) */
 } lx_conn_ud_t;
 
 /* Registry keys (their addresses). */
@@ -68,7 +70,7 @@ static lx_conn_ud_t *lx__check(lua_State *L) {
 /* The live connection behind argument 1, or NULL once it closed. */
 static conn_t *lx__conn(lua_State *L, lx_lane_t *ln) {
   lx_conn_ud_t *ud = lx__check(L);
-  return ud->uuid ? reactor_conn_find(ln->r, ud->uuid) : NULL;
+  return ud->uuid && !ud->gone ? reactor_conn_find(ln->r, ud->uuid) : NULL;
 }
 
 static int lx__ref_of(conn_t *c) { return (int)(intptr_t)reactor_conn_udata(c); }
@@ -86,6 +88,7 @@ void *lx_new_env_ud(lua_State *L, size_t size, const char *name) {
 static void lx__new_ud(lua_State *L, sock_uuid_t uuid) {
   lx_conn_ud_t *ud = lx_new_env_ud(L, sizeof(*ud), LX_CONN_MT);
   ud->uuid = uuid;
+  ud->gone = false;
 }
 
 void lx_conn_push(lua_State *L, lx_lane_t *ln, conn_t *c) {
@@ -311,15 +314,34 @@ static void lx_on_open(conn_t *c) {
   if (s->on_open != LUA_NOREF) lx__dispatch(c, s->on_open, "on_open");
 }
 
+struct lx__data {
+  conn_t *c;
+  const char *data;
+  size_t len;
+};
+
+static int lx__push_data(lua_State *L, void *arg) {
+  struct lx__data *d = arg;
+  lx_service_t *s = lx__svc(d->c);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, s->on_data);
+  lx_conn_push(L, s->ln, d->c);
+  lua_pushlstring(L, d->data, d->len);
+  return 3;
+}
+
 static void lx_on_data(conn_t *c, const char *data, size_t len) {
-  lx_service_t *s = lx__svc(c);
-  lx_lane_t *ln = s->ln;
-  int co_ref;
-  lua_State *co = lx_co_take(ln, &co_ref);
-  lua_rawgeti(co, LUA_REGISTRYINDEX, s->on_data);
-  lx_conn_push(co, ln, c);
-  lua_pushlstring(co, data, len);
-  lx_call_on(ln, co, co_ref, 2, LX_CONN, c, NULL, "on_data");
+  lx_lane_t *ln = lx__svc(c)->ln;
+  /* The string of up to 64 KiB is the allocation most likely to meet out
+   * of memory: push it protected. Failing, the bytes are lost, and a
+   * stream with a hole is worse than a close. */
+  struct lx__data d = {c, data, len};
+  int co_ref, n;
+  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_data, &d, &n);
+  if (!co) {
+    reactor_conn_force_close(c, CONN_ERROR);
+    return;
+  }
+  lx_call_on(ln, co, co_ref, n - 1, LX_CONN, c, NULL, "on_data");
 }
 
 static void lx_on_ready(conn_t *c) {
@@ -349,7 +371,13 @@ static void lx__last(conn_t *c, int ref, const char *what, const char *arg) {
     lx_call_on(ln, co, co_ref, 2, LX_CONN, c, NULL, what);
   }
   int udref = lx__ref_of(c);
-  if (udref > 0) luaL_unref(ln->L, LUA_REGISTRYINDEX, udref);
+  if (udref > 0) {
+    lua_rawgeti(ln->L, LUA_REGISTRYINDEX, udref);
+    lx_conn_ud_t *ud = lua_touserdata(ln->L, -1);
+    if (ud) ud->gone = true;
+    lua_pop(ln->L, 1);
+    luaL_unref(ln->L, LUA_REGISTRYINDEX, udref);
+  }
   reactor_conn_set_udata(c, NULL);
   s->conns--;
   lx_service_maybe_free(s);

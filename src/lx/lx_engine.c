@@ -2,6 +2,8 @@
  * reactor (the root lane's, or lane 1's in a one-process server); lanes
  * and IPC reach it with posted operations, in the order of the counts that
  * caused them. */
+#include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -34,6 +36,9 @@ static void lx__eop_run(void *a, void *b) {
     redis_engine_unsubscribe(e, o->data, o->clen, o->pattern);
   else if (e)
     redis_engine_publish(e, o->data, o->clen, o->data + o->clen, o->mlen);
+  if (o->op == LX_PUB)
+    atomic_fetch_sub_explicit(&o->srv->engine_posted, o->clen + o->mlen,
+                              memory_order_relaxed);
   free(o);
 }
 
@@ -50,9 +55,15 @@ static void lx__post(lx_server_t *srv, int op, bool pattern, const char *ch,
   memcpy(o->data, ch, clen);
   memcpy(o->data + clen, LX_JSON_TAG, tag);
   if (mlen) memcpy(o->data + clen + tag, msg, mlen);
+  if (op == LX_PUB)
+    atomic_fetch_add_explicit(&srv->engine_posted, clen + tag + mlen,
+                              memory_order_relaxed);
   if (reactor_post(srv->engine_r, lx__eop_run, o, NULL)) {
     log_error("redis: out of memory; a %s is lost",
               op == LX_PUB ? "message" : "subscription change");
+    if (op == LX_PUB)
+      atomic_fetch_sub_explicit(&srv->engine_posted, clen + tag + mlen,
+                                memory_order_relaxed);
     free(o);
   }
 }
@@ -67,9 +78,17 @@ void lx_engine_gone(const char *ch, size_t len, bool pattern, void *srv) {
   lx_engine_count(srv, ch, len, pattern, false);
 }
 
-void lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
-                       const char *msg, size_t mlen, bool json) {
+int lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
+                      const char *msg, size_t mlen, bool json) {
+  /* A hint, not a reservation: publishers on several lanes may pass it
+   * together by a message each, which the engine's own queue bound then
+   * covers. */
+  size_t held =
+      atomic_load_explicit(&srv->engine_posted, memory_order_relaxed) +
+      atomic_load_explicit(&srv->engine_held, memory_order_relaxed);
+  if (held + clen + mlen > LX_ENGINE_BACKLOG_MAX) return -ENOBUFS;
   lx__post(srv, LX_PUB, false, ch, clen, msg, mlen, json);
+  return 0;
 }
 
 /* A message from Redis, for the subscribers of its channel (pat NULL) or
@@ -121,6 +140,7 @@ int lx_engine_start(lx_server_t *srv, reactor_t *r) {
     srv->engine_r = NULL;
     return -1;
   }
+  redis_engine_set_gauge(srv->engine, &srv->engine_held);
   log_info("pub/sub through Redis at %s:%d", u.host, u.port);
   return 0;
 }

@@ -86,6 +86,9 @@ typedef struct {
   uint64_t body_left;   /* Content-Length bytes not yet read by Lua */
   uint64_t body_seen;   /* decoded bytes so far (chunked) */
   lx_run_t reader;
+  /* Numbers the connection's requests (req._seq): req:read() acts only
+   * for the request in flight, not for a `req` kept from an earlier one. */
+  uint32_t seq;
   /* For the access log: the response's status and body bytes, and when
    * the request was whole. */
   int log_status;
@@ -623,28 +626,32 @@ static int lx_req_peer(lua_State *L) {
 /* Pushes the request's parts, the arguments of the Lua request builder
  * (lx_runner_src): method, path (decoded), query, target, minor version,
  * headers (a table of lower-case names; repeated fields joined with ", "),
- * body (nil: streamed, read with req:read()) and conn_id. The table itself
+ * body (nil: streamed, read with req:read()), conn_id and the request's
+ * number on its connection (hc->seq, bumped here). The table itself
  * is made in Lua, where a constructor with constant keys is one template
  * copy instead of a hashed lua_setfield per field. False for a path that
  * doesn't decode (nothing pushed). */
-#define LX_REQ_PARTS 8
+#define LX_REQ_PARTS 9
 static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
                                size_t blen) {
   http_request_t *r = hc->req;
   const char *t, *q;
   size_t plen, qlen;
   http_target_split(r->target, r->target_len, &t, &plen, &q, &qlen);
+  /* A long path decodes into a userdata (the GC owns it: a push that
+   * raises for lack of memory leaks nothing), removed once it is pushed. */
   char stack[1024];
-  char *path = plen <= sizeof(stack) ? stack : malloc(plen);
-  if (!path) return false;
+  int top = lua_gettop(L);
+  char *path = plen <= sizeof(stack) ? stack : lua_newuserdata(L, plen);
   ssize_t dl = http_unescape(t, plen, path, false);
   if (dl < 0 || memchr(path, 0, (size_t)dl)) {
-    if (path != stack) free(path);
+    lua_settop(L, top);
     return false;
   }
-  lua_pushlstring(L, r->method, r->method_len);
   lua_pushlstring(L, path, (size_t)dl);
-  if (path != stack) free(path);
+  if (path != stack) lua_remove(L, -2);
+  lua_pushlstring(L, r->method, r->method_len);
+  lua_insert(L, -2); /* the method first, then the path */
   if (q)
     lua_pushlstring(L, q, qlen);
   else
@@ -678,6 +685,7 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
   else
     lua_pushnil(L);
   lua_pushnumber(L, (lua_Number)hc->uuid);
+  lua_pushnumber(L, (lua_Number)++hc->seq);
   return true;
 }
 
@@ -731,20 +739,24 @@ static const char lx_upgrade_key = 0;
 static const char lx_runner_src[] =
     "local RMT, HMT = ...\n"
     "local xpcall, traceback, setmetatable = xpcall, debug.traceback, setmetatable\n"
-    "local function build(method, path, query, target, minor, headers, body, id)\n"
+    "local function build(method, path, query, target, minor, headers, body, id,\n"
+    "                     seq)\n"
     "  return setmetatable({ method = method, path = path, query = query,\n"
     "    target = target, version = minor == 0 and '1.0' or '1.1',\n"
-    "    headers = setmetatable(headers, HMT), body = body, conn_id = id }, RMT)\n"
+    "    headers = setmetatable(headers, HMT), body = body, conn_id = id,\n"
+    "    _seq = seq }, RMT)\n"
     "end\n"
     "local function run(handler, res, method, path, query, target, minor,\n"
-    "                   headers, body, id)\n"
-    "  local req = build(method, path, query, target, minor, headers, body, id)\n"
+    "                   headers, body, id, seq)\n"
+    "  local req = build(method, path, query, target, minor, headers, body, id,\n"
+    "                    seq)\n"
     "  local ok, err = xpcall(handler, traceback, req, res)\n"
     "  if ok then res:_done() else res:_fail(err) end\n"
     "end\n"
     "local function upgrade(handler, res, method, path, query, target, minor,\n"
-    "                       headers, body, id)\n"
-    "  local req = build(method, path, query, target, minor, headers, body, id)\n"
+    "                       headers, body, id, seq)\n"
+    "  local req = build(method, path, query, target, minor, headers, body, id,\n"
+    "                    seq)\n"
     "  local ok, v = xpcall(handler, traceback, req, res)\n"
     "  if ok then ok, v = pcall(res._upgrade, res, v) end\n"
     "  if not ok then res:_fail(v) end\n"
@@ -753,6 +765,33 @@ static const char lx_runner_src[] =
 
 static bool lx__push_upgrade_req(lua_State *L, void *arg) {
   return lx__push_req(L, arg, "", 0);
+}
+
+/* A run's function and arguments: the runner (on_request's, or
+ * websocket.on_upgrade's), the handler, the response and the request's
+ * parts (lx_co_take_push's push; -1 for a target that doesn't decode). */
+struct lx__req_args {
+  conn_t *c;
+  lx_hconn_t *hc;
+  const char *body;
+  size_t blen;
+  const char *runner_key; /* &lx_runner_key or &lx_upgrade_key */
+  int handler;            /* registry ref */
+};
+
+static int lx__push_run(lua_State *L, void *arg) {
+  struct lx__req_args *ra = arg;
+  lx_service_t *s = ra->hc->svc;
+  int top = lua_gettop(L);
+  lua_pushlightuserdata(L, (void *)ra->runner_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ra->handler);
+  lx__push_res(L, s->ln, ra->c, ra->hc)->upgrade = ra->runner_key == &lx_upgrade_key;
+  if (!lx__push_req_parts(L, ra->hc, ra->body, ra->blen)) {
+    lua_settop(L, top);
+    return -1;
+  }
+  return 3 + LX_REQ_PARTS;
 }
 
 static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc);
@@ -786,16 +825,11 @@ static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
   /* websocket.on_upgrade decides before anything is sent: it refuses by
    * answering (res:status(403):send()), or returns to accept. */
   lx_lane_t *ln = hc->svc->ln;
-  int co_ref;
-  lua_State *co = lx_co_take(ln, &co_ref);
-  lua_pushlightuserdata(co, (void *)&lx_upgrade_key);
-  lua_rawget(co, LUA_REGISTRYINDEX);
-  lua_rawgeti(co, LUA_REGISTRYINDEX, hook);
-  lx__push_res(co, ln, c, hc)->upgrade = true;
-  if (!lx__push_req_parts(co, hc, "", 0)) {
-    lua_settop(co, 0);
-    luaL_unref(ln->L, LUA_REGISTRYINDEX, co_ref);
-    lx__refuse(c, hc, 400);
+  struct lx__req_args ra = {c, hc, "", 0, &lx_upgrade_key, hook};
+  int co_ref, n;
+  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_run, &ra, &n);
+  if (!co) {
+    lx__refuse(c, hc, n == -ENOMEM ? 500 : 400);
     return;
   }
   hc->state = H_BUSY;
@@ -912,16 +946,13 @@ static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
     lx__complete(c, hc, res.keep_alive && hc->keep_alive);
     return;
   }
-  int co_ref;
-  lua_State *co = lx_co_take(ln, &co_ref);
-  lua_pushlightuserdata(co, (void *)&lx_runner_key);
-  lua_rawget(co, LUA_REGISTRYINDEX);
-  lua_rawgeti(co, LUA_REGISTRYINDEX, lx__cfg(s)->on_request);
-  lx__push_res(co, ln, c, hc);
-  if (!lx__push_req_parts(co, hc, body, blen)) {
-    lua_settop(co, 0);
-    luaL_unref(ln->L, LUA_REGISTRYINDEX, co_ref);
-    lx__refuse(c, hc, 400);
+  /* Protected: out of memory in these pushes fails this request (500)
+   * instead of panicking the process (issue 16, item 13). */
+  struct lx__req_args ra = {c, hc, body, blen, &lx_runner_key, cfg->on_request};
+  int co_ref, n;
+  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_run, &ra, &n);
+  if (!co) {
+    lx__refuse(c, hc, n == -ENOMEM ? 500 : 400);
     return;
   }
   hc->state = H_BUSY;
@@ -1177,14 +1208,19 @@ static void lx__reader_wake(conn_t *c, lx_hconn_t *hc) {
 }
 
 /* The connection whose streamed body a req:read() call may read (raises on
- * misuse). */
+ * misuse). The request must be the one in flight on its connection: a
+ * `req` kept past its response (in a timer, say) finds nothing, rather
+ * than the body of the next keep-alive request. */
 static conn_t *lx__reader_conn(lua_State *L, lx_lane_t *ln, lx_hconn_t **hcp) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_getfield(L, 1, "conn_id");
   sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
-  lua_pop(L, 1);
+  lua_getfield(L, 1, "_seq");
+  lua_Number seq = lua_tonumber(L, -1);
+  lua_pop(L, 2);
   conn_t *c = uuid ? reactor_conn_find(ln->r, uuid) : NULL;
   lx_hconn_t *hc = c ? reactor_conn_udata(c) : NULL;
+  if (hc && (hc->state == H_STREAM || (lua_Number)hc->seq != seq)) hc = NULL;
   if (hc && hc->state == H_BUSY && !hc->streaming)
     luaL_error(L, "req:read: the body was read already (mp.http stream_body "
                   "is off: use req.body)");
@@ -1219,8 +1255,15 @@ static int lx__read_check(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
   lx_check_waitable(L, ln, "req:read");
   lx_hconn_t *hc;
-  if (!lx__reader_conn(L, ln, &hc))
-    luaL_error(L, "req:read: the request is over");
+  conn_t *c = lx__reader_conn(L, ln, &hc);
+  if (!c) luaL_error(L, "req:read: the request is over");
+  /* Waiting gives up the hold of the run that waits (lx__read_arm): only
+   * the request's own handler holds the connection, so only it may wait.
+   * From a timer or another callback the release would drop the
+   * handler's hold, and the connection's next callbacks would overlap. */
+  if (ln->running->kind != LX_CONN || ln->running->c != c)
+    luaL_error(L, "req:read: can wait only in the request's own handler "
+                  "(not in a timer or another callback)");
   return 0;
 }
 

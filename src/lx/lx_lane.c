@@ -68,6 +68,59 @@ lua_State *lx_co_take(lx_lane_t *ln, int *co_ref) {
   return co;
 }
 
+/* lx_co_take_push's protected part, on the lane's main state. */
+struct lx__take {
+  lx_lane_t *ln;
+  int (*push)(lua_State *L, void *arg);
+  void *arg;
+  lua_State *co;
+  int co_ref, n;
+};
+
+static int lx__take_p(lua_State *L) {
+  struct lx__take *t = lua_touserdata(L, 1);
+  int n = t->push(L, t->arg);
+  if (n < 0) {
+    t->n = n;
+    return 0;
+  }
+  t->co = lx_co_take(t->ln, &t->co_ref);
+  /* A coroutine has LUA_MINSTACK free slots, so moving n <= LX_PUSH_MAX
+   * values onto it allocates nothing (it could not raise in co). */
+  lua_xmove(L, t->co, n);
+  t->n = n;
+  return 0;
+}
+
+/* Registry key of the lx__take_p closure, made once per lane so a call
+ * allocates nothing before it is protected. */
+static const char lx_take_key = 0;
+
+lua_State *lx_co_take_push(lx_lane_t *ln, int *co_ref,
+                           int (*push)(lua_State *L, void *arg), void *arg,
+                           int *nargs) {
+  lua_State *L = ln->L;
+  struct lx__take t = {ln, push, arg, NULL, LUA_NOREF, 0};
+  lua_pushlightuserdata(L, (void *)&lx_take_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lua_pushlightuserdata(L, &t);
+  if (lua_pcall(L, 1, 0, 0) != 0) {
+    log_error("out of memory while starting a callback: %s",
+              lua_isstring(L, -1) ? lua_tostring(L, -1) : "?");
+    lua_pop(L, 1);
+    if (t.co) { /* taken, the push into it failed: drop it */
+      lua_settop(t.co, 0);
+      luaL_unref(L, LUA_REGISTRYINDEX, t.co_ref);
+    }
+    *nargs = -ENOMEM;
+    return NULL;
+  }
+  *nargs = t.n;
+  if (t.n < 0) return NULL;
+  *co_ref = t.co_ref;
+  return t.co;
+}
+
 static void lx__co_give_back(lx_lane_t *ln, lua_State *co, int co_ref) {
   lua_settop(co, 0);
   if (ln->idle_n == ln->idle_cap && ln->idle_cap < LX_IDLE_MAX) {
@@ -107,6 +160,20 @@ static void lx__release(lx_lane_t *ln, lx_run_t *run) {
   run->anchor = LUA_NOREF;
 }
 
+/* luaL_traceback in protected mode (lua_cpcall): out of memory while the
+ * traceback is built must not panic the lane. */
+struct lx__tb {
+  lua_State *co;
+  const char *what, *msg;
+};
+
+static int lx__traceback_p(lua_State *L) {
+  struct lx__tb *tb = lua_touserdata(L, 1);
+  luaL_traceback(L, tb->co, tb->msg, 0);
+  log_error("error in %s: %s", tb->what, lua_tostring(L, -1));
+  return 0;
+}
+
 /* Handles the error of a failed callback where it happened. */
 #define LX_STRAY_YIELD                                                       \
   "attempt to yield from a callback outside a moonport waiting API (use "   \
@@ -121,9 +188,11 @@ static void lx__failed(lx_lane_t *ln, lx_run_t *run, int status) {
     msg = lua_tostring(run->co, -1);
   else
     msg = "(error object is not a string)";
-  luaL_traceback(L, run->co, msg, 0);
-  log_error("error in %s: %s", run->what, lua_tostring(L, -1));
-  lua_pop(L, 1);
+  struct lx__tb tb = {run->co, run->what, msg};
+  if (lua_cpcall(L, lx__traceback_p, &tb) != 0) {
+    lua_pop(L, 1);
+    log_error("error in %s: %s (no traceback: out of memory)", run->what, msg);
+  }
   if (run->kind == LX_CONN && run->c)
     reactor_conn_force_close(run->c, CONN_ERROR);
   else if (run->kind == LX_TIMER && run->timer)
@@ -312,6 +381,9 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
     return NULL;
   }
   luaL_openlibs(L);
+  lua_pushlightuserdata(L, (void *)&lx_take_key);
+  lua_pushcfunction(L, lx__take_p);
+  lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, (void *)&lx_lane_key);
   lua_pushlightuserdata(L, ln);
   lua_rawset(L, LUA_REGISTRYINDEX);

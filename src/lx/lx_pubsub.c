@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -33,8 +34,30 @@ static lx_lane_t *lx__ln(lua_State *L) {
 
 /* ---- to the root (workers) ---- */
 
-/* Writes one frame to the root. ipc_lock held. Blocking: the root always
- * reads (it queues towards workers instead of blocking). */
+/* Writes what the socket takes of the queued bytes. ipc_lock held. */
+static void lx__ipc_flush_locked(lx_server_t *srv) {
+  while (srv->ipc_out_off < srv->ipc_out_len) {
+    ssize_t n = send(srv->ipc_fd, srv->ipc_out + srv->ipc_out_off,
+                     srv->ipc_out_len - srv->ipc_out_off,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) /* the root is gone */
+        srv->ipc_out_off = srv->ipc_out_len;
+      break;
+    }
+    srv->ipc_out_off += (size_t)n;
+  }
+  if (srv->ipc_out_off == srv->ipc_out_len) srv->ipc_out_off = srv->ipc_out_len = 0;
+}
+
+/* Sends one frame to the root, or queues what the socket doesn't take
+ * (behind what is queued already, so frames keep their order), waking the
+ * main thread to flush it. ipc_lock held. Never blocks: a root lane busy
+ * in Lua must not stall the worker's lanes. Returns 0; -ENOBUFS for a
+ * publish (`droppable`) that would take the queue past LX_IPC_OUT_MAX
+ * (control frames are small and always queued: their order matters);
+ * -ENOMEM; or -EPIPE once the root is gone. */
 static int lx__ipc_send_locked(lx_server_t *srv, int type, unsigned flags,
                                const char *ch, size_t clen, const char *msg,
                                size_t mlen) {
@@ -43,19 +66,68 @@ static int lx__ipc_send_locked(lx_server_t *srv, int type, unsigned flags,
   struct iovec iov[3] = {{hdr, IPC_HEADER}, {(void *)ch, clen},
                          {(void *)msg, mlen}};
   int cnt = 3, i = 0;
-  while (i < cnt) {
-    ssize_t n = writev(srv->ipc_fd, iov + i, cnt - i);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -errno;
+  if (srv->ipc_out_len) lx__ipc_flush_locked(srv);
+  if (!srv->ipc_out_len) {
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+    for (;;) {
+      ssize_t n = sendmsg(srv->ipc_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
+      if (n < 0) n = 0;
+      while (i < cnt && (size_t)n >= iov[i].iov_len)
+        n -= (ssize_t)iov[i++].iov_len;
+      if (i < cnt) {
+        iov[i].iov_base = (char *)iov[i].iov_base + n;
+        iov[i].iov_len -= (size_t)n;
+      }
+      break;
     }
-    while (i < cnt && (size_t)n >= iov[i].iov_len) n -= (ssize_t)iov[i++].iov_len;
-    if (i < cnt) {
-      iov[i].iov_base = (char *)iov[i].iov_base + n;
-      iov[i].iov_len -= (size_t)n;
+    if (i == cnt) return 0;
+  }
+  size_t rest = 0;
+  for (int k = i; k < cnt; k++) rest += iov[k].iov_len;
+  bool whole = i == 0 && iov[0].iov_len == IPC_HEADER; /* nothing went */
+  if (type == IPC_PUBLISH && whole &&
+      srv->ipc_out_len - srv->ipc_out_off + rest > LX_IPC_OUT_MAX)
+    return -ENOBUFS;
+  if (srv->ipc_out_len + rest > srv->ipc_out_cap) {
+    if (srv->ipc_out_off) { /* slide the unsent part to the front */
+      memmove(srv->ipc_out, srv->ipc_out + srv->ipc_out_off,
+              srv->ipc_out_len - srv->ipc_out_off);
+      srv->ipc_out_len -= srv->ipc_out_off;
+      srv->ipc_out_off = 0;
+    }
+    size_t cap = srv->ipc_out_cap ? srv->ipc_out_cap : 65536;
+    while (cap < srv->ipc_out_len + rest) cap *= 2;
+    if (cap != srv->ipc_out_cap) {
+      char *out = realloc(srv->ipc_out, cap);
+      if (!out) return -ENOMEM;
+      srv->ipc_out = out;
+      srv->ipc_out_cap = cap;
     }
   }
+  for (int k = i; k < cnt; k++) {
+    if (iov[k].iov_len)
+      memcpy(srv->ipc_out + srv->ipc_out_len, iov[k].iov_base, iov[k].iov_len);
+    srv->ipc_out_len += iov[k].iov_len;
+  }
+  uint64_t one = 1; /* the main thread now polls for POLLOUT */
+  ssize_t w = write(srv->wake_fd, &one, sizeof(one));
+  (void)w;
   return 0;
+}
+
+bool lx_ipc_out_pending(lx_server_t *srv) {
+  pthread_mutex_lock(&srv->ipc_lock);
+  bool pending = srv->ipc_out_len > srv->ipc_out_off;
+  pthread_mutex_unlock(&srv->ipc_lock);
+  return pending;
+}
+
+void lx_ipc_flush(lx_server_t *srv) {
+  pthread_mutex_lock(&srv->ipc_lock);
+  if (srv->ipc_fd >= 0) lx__ipc_flush_locked(srv);
+  pthread_mutex_unlock(&srv->ipc_lock);
 }
 
 /* pubsub_subscribe / _unsubscribe, telling the root about a first or last
@@ -120,11 +192,13 @@ static void lx__cancel(lua_State *L, int idx) {
   lx_sub_t *s = lua_touserdata(L, idx);
   if (!s->active) return;
   s->active = false;
+  /* Uncount first: the Lua steps below can raise (out of memory), and an
+   * inactive subscription left in a list is only skipped. */
+  if (s->ln->srv->ps) lx__count(s->ln, s->ch, s->len, s->pattern, false);
   idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
   lx__remove(L, s, idx);
   luaL_unref(L, LUA_REGISTRYINDEX, s->fn_ref);
   s->fn_ref = LUA_NOREF;
-  if (s->ln->srv->ps) lx__count(s->ln, s->ch, s->len, s->pattern, false);
 }
 
 static int lx_sub_cancel(lua_State *L) {
@@ -177,23 +251,25 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
   if (len > LX_MAX_CHANNEL)
     return luaL_error(L, "subscribe: channel of %d bytes (the limit is %d)",
                       (int)len, LX_MAX_CHANNEL);
-  int rc = lx__count(ln, ch, len, pattern, true);
-  if (rc < 0) return luaL_error(L, "subscribe: out of memory");
+  /* Every publish is matched against every pattern (under the post
+   * office's lock): the cap keeps each match one linear pass. */
+  if (pattern && len > GLOB_MAX_PATTERN)
+    return luaL_error(L, "subscribe: pattern of %d bytes (the limit is %d)",
+                      (int)len, GLOB_MAX_PATTERN);
+  /* Everything that can raise (each Lua allocation, on out of memory)
+   * comes first, with the subscription inactive (dispatch skips it): the
+   * count, which tells the root or Redis, is the last step and cannot
+   * raise, so a subscription is counted exactly when it is active. */
   lx_sub_t *s = lua_newuserdata(L, sizeof(*s) + len);
   int sub_idx = lua_gettop(L);
   s->ln = ln;
   s->pattern = pattern;
-  s->active = true;
+  s->active = false;
+  s->fn_ref = LUA_NOREF;
   s->uuid = uuid;
   s->fwd = fwd;
   s->len = len;
   memcpy(s->ch, ch, len);
-  if (fwd) {
-    s->fn_ref = LUA_NOREF;
-  } else {
-    lua_pushvalue(L, base + 1);
-    s->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  }
   luaL_getmetatable(L, LX_SUB_MT);
   lua_setmetatable(L, sub_idx);
   /* lists[channel][#+1] = sub */
@@ -225,6 +301,17 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
     lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
     lua_pop(L, 2);
   }
+  if (!fwd) { /* last of the Lua steps: a raise before it leaks no ref */
+    lua_pushvalue(L, base + 1);
+    s->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  if (lx__count(ln, ch, len, pattern, true) < 0) {
+    lx__remove(L, s, sub_idx); /* in its conn_subs list it stays inactive */
+    luaL_unref(L, LUA_REGISTRYINDEX, s->fn_ref);
+    s->fn_ref = LUA_NOREF;
+    return luaL_error(L, "subscribe: out of memory");
+  }
+  s->active = true;
   lua_settop(L, sub_idx);
   return 1;
 }
@@ -494,7 +581,13 @@ static int lx_publish(lua_State *L) {
   lx_server_t *srv = ln->srv;
   if (srv->remote && scope == SCOPE_CLUSTER && srv->ipc_fd < 0) {
     /* Through Redis to every server, this one included. */
-    lx_engine_publish(srv, ch, clen, msg, mlen, flags & PUBSUB_JSON);
+    if (lx_engine_publish(srv, ch, clen, msg, mlen, flags & PUBSUB_JSON)) {
+      lua_pushnil(L);
+      lua_pushfstring(L, "redis is behind: %d MiB of messages wait to be "
+                         "sent (Redis is slow or away)",
+                      (int)(LX_ENGINE_BACKLOG_MAX >> 20));
+      return 2;
+    }
     return 0;
   }
   if (srv->ipc_fd >= 0) {
@@ -508,6 +601,12 @@ static int lx_publish(lua_State *L) {
                                        (flags & PUBSUB_JSON ? IPC_JSON : 0),
                                    ch, clen, msg, mlen);
       pthread_mutex_unlock(&srv->ipc_lock);
+      if (rc == -ENOBUFS) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "the root process is behind: %d MiB of messages "
+                           "wait for it", (int)(LX_IPC_OUT_MAX >> 20));
+        return 2;
+      }
       if (rc) return lx_push_fail(L, rc);
     }
     if (scope != SCOPE_CLUSTER && scope != SCOPE_PROCESS) return 0;
@@ -639,8 +738,18 @@ static void lx__root_frame(int type, unsigned flags, const char *ch,
   default: return;
   }
   if (srv->engine && (flags & IPC_SCOPE_MASK) == SCOPE_CLUSTER) {
-    /* Everyone, the publisher too, gets it when it comes back. */
-    lx_engine_publish(srv, ch, clen, msg, mlen, flags & IPC_JSON);
+    /* Everyone, the publisher too, gets it when it comes back. Refused
+     * while Redis is behind: the worker can't be told, so a log line at
+     * the first drop of each run of them. Root thread only. */
+    static bool dropping;
+    if (lx_engine_publish(srv, ch, clen, msg, mlen, flags & IPC_JSON) == 0) {
+      dropping = false;
+    } else if (!dropping) {
+      dropping = true;
+      log_error("redis: %zu MiB of messages wait for Redis (slow or away); "
+                "dropping workers' messages until it catches up",
+                LX_ENGINE_BACKLOG_MAX >> 20);
+    }
     return;
   }
   pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,

@@ -3,6 +3,7 @@
  * pipelined on it. r:cmd(...) waits for the reply inside a callback, or
  * calls a function given last. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,11 @@ static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
   lx_call_on(ln, co, co_ref, 2, LX_PLAIN, NULL, NULL, "redis callback");
 }
 
+/* lx__send: hiredis's output buffer holds REDIS_OBUF_MAX unsent bytes
+ * (Redis up but slow to read): nothing is sent and nothing calls back. */
+#define LX__FULL INT_MIN
+#define LX__FULL_MSG "output buffer full (Redis is slow to read)"
+
 /* Sends the command in L's arguments [first, last]; q gets the reply. */
 static int lx__send(lua_State *L, lx_redis_t *rc, int first, int last,
                     lx_req_t *q) {
@@ -143,6 +149,13 @@ static int lx__send(lua_State *L, lx_redis_t *rc, int first, int last,
     }
     argv[i] = lua_tolstring(L, first + i, &lens[i]);
   }
+  size_t total = 0;
+  for (int i = 0; i < argc; i++) total += lens[i];
+  if (redis_ctx_unsent(ac) + total > REDIS_OBUF_MAX) {
+    if (argv != stack_argv) free(argv);
+    if (lens != stack_lens) free(lens);
+    return LX__FULL;
+  }
   int ok = redisAsyncCommandArgv(ac, lx__reply, q, argc, argv, lens);
   if (argv != stack_argv) free(argv);
   if (lens != stack_lens) free(lens);
@@ -166,10 +179,12 @@ static int lx_redis_send(lua_State *L) {
   if (!q) return luaL_error(L, "redis: out of memory");
   q->ln = rc->ln;
   int err = lx__send(L, rc, 2, top - 1, q);
-  if (err == -2) { /* not connected: nothing will call back */
+  if (err == -2 || err == LX__FULL) { /* nothing will call back */
     free(q);
     lua_pushnil(L);
-    if (rc->link)
+    if (err == LX__FULL)
+      lua_pushliteral(L, LX__FULL_MSG);
+    else if (rc->link)
       lua_pushliteral(L, "not connected");
     else
       lua_pushliteral(L, "connection closed");
@@ -204,6 +219,17 @@ static int lx_redis_check(lua_State *L) {
     lua_pushstring(L, rc->link ? "not connected" : "connection closed");
     return 2;
   }
+  size_t total = 0;
+  for (int i = 2; i <= top; i++) {
+    size_t n;
+    lua_tolstring(L, i, &n); /* a number becomes its string, as sent */
+    total += n;
+  }
+  if (redis_ctx_unsent(redis_link_ctx_any(rc->link)) + total > REDIS_OBUF_MAX) {
+    lua_pushboolean(L, 0);
+    lua_pushliteral(L, LX__FULL_MSG);
+    return 2;
+  }
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -220,7 +246,10 @@ static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   int err = lx__send(co, rc, 4, lua_gettop(co), q);
   if (err) {
     free(q);
-    return err == -2 ? -ENOTCONN : err == -3 ? -ENOMEM : -EINVAL;
+    return err == -2 ? -ENOTCONN
+         : err == -3 ? -ENOMEM
+         : err == LX__FULL ? -ENOBUFS
+                           : -EINVAL;
   }
   return 0;
 }

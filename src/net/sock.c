@@ -20,13 +20,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define SOCK_GEN_MASK ((1u << 28) - 1)
+#define SOCK_GEN_MASK ((1ull << SOCK_GEN_BITS) - 1)
+#define SOCK_FD_MAX ((size_t)1 << SOCK_FD_BITS)
 
 /* One entry per fd. The owner thread writes an entry; other threads only
- * read generations and owners, hence atomics (an fd closed by one loop can
- * be accepted by another, an ordering TSan cannot see through the kernel). */
+ * read states and owners, hence atomics (an fd closed by one loop can be
+ * accepted by another, an ordering TSan cannot see through the kernel).
+ * `state` is the generation of the fd's latest open shifted left by one,
+ * with bit 0 set while that open lasts: one word, so a reader never sees
+ * one open's generation with another's flag. */
 struct sock_entry {
-  _Atomic uint32_t gen;
+  _Atomic uint64_t state;
   _Atomic int owner;
   _Atomic(void *) udata;
 };
@@ -37,14 +41,19 @@ static size_t sock_cap;
 
 int sock_init(void) {
   struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-    getrlimit(RLIMIT_NOFILE, &rl);
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    rlim_t want = rl.rlim_max;
+    if (want == RLIM_INFINITY || want > SOCK_FD_MAX) want = SOCK_FD_MAX;
+    if (rl.rlim_cur != want) {
+      rl.rlim_cur = want;
+      setrlimit(RLIMIT_NOFILE, &rl);
+      getrlimit(RLIMIT_NOFILE, &rl);
+    }
+  } else {
+    rl.rlim_cur = 1024;
   }
-  size_t cap = rl.rlim_cur == RLIM_INFINITY ? (1u << SOCK_FD_BITS)
-                                            : (size_t)rl.rlim_cur;
-  if (cap > (1u << SOCK_FD_BITS)) cap = 1u << SOCK_FD_BITS;
+  size_t cap = rl.rlim_cur == RLIM_INFINITY ? SOCK_FD_MAX : (size_t)rl.rlim_cur;
+  if (cap > SOCK_FD_MAX) cap = SOCK_FD_MAX;
   if (cap < 64) cap = 64;
   sock_table = calloc(cap, sizeof(*sock_table));
   if (!sock_table) return -ENOMEM;
@@ -65,40 +74,44 @@ static struct sock_entry *sock__entry(sock_uuid_t uuid) {
   return fd < sock_cap ? &sock_table[fd] : NULL;
 }
 
-static sock_uuid_t sock__make(int fd, uint32_t gen) {
-  return ((sock_uuid_t)(gen & SOCK_GEN_MASK) << SOCK_FD_BITS) | (sock_uuid_t)fd;
+static sock_uuid_t sock__make(int fd, uint64_t gen) {
+  return ((gen & SOCK_GEN_MASK) << SOCK_FD_BITS) | (sock_uuid_t)fd;
+}
+
+/* The uuid an entry's state names while it is open, else 0. */
+static sock_uuid_t sock__live(int fd, uint64_t state) {
+  return (state & 1) ? sock__make(fd, state >> 1) : 0;
 }
 
 sock_uuid_t sock_uuid_open(int fd, int owner, void *udata) {
   if (fd < 0 || (size_t)fd >= sock_cap) return 0;
   struct sock_entry *e = &sock_table[fd];
-  /* Open generations are odd, closed ones even (a zeroed entry is closed),
-   * so no uuid made up from a bare fd is ever valid. */
-  uint32_t gen = (atomic_load_explicit(&e->gen, memory_order_relaxed) + 1) &
-                 SOCK_GEN_MASK;
-  if (!(gen & 1)) gen = (gen + 1) & SOCK_GEN_MASK;
+  /* Generations count the opens of this fd, skipping 0 (a zeroed entry
+   * has generation 0, so no uuid made up from a bare fd is ever valid). */
+  uint64_t gen = atomic_load_explicit(&e->state, memory_order_relaxed) >> 1;
+  gen = (gen + 1) & SOCK_GEN_MASK;
+  if (!gen) gen = 1;
   atomic_store_explicit(&e->owner, owner, memory_order_release);
   atomic_store_explicit(&e->udata, udata, memory_order_relaxed);
-  atomic_store_explicit(&e->gen, gen, memory_order_release);
+  atomic_store_explicit(&e->state, gen << 1 | 1, memory_order_release);
   return sock__make(fd, gen);
 }
 
 void sock_uuid_close(sock_uuid_t uuid) {
   struct sock_entry *e = sock__entry(uuid);
   if (!e) return;
-  uint32_t gen = atomic_load_explicit(&e->gen, memory_order_relaxed);
-  if (sock__make(sock_uuid_fd(uuid), gen) != uuid) return;
-  atomic_store_explicit(&e->gen, (gen + 1) & SOCK_GEN_MASK,
-                        memory_order_release);
+  uint64_t state = atomic_load_explicit(&e->state, memory_order_relaxed);
+  if (sock__live(sock_uuid_fd(uuid), state) != uuid) return;
+  atomic_store_explicit(&e->state, state & ~(uint64_t)1, memory_order_release);
   atomic_store_explicit(&e->udata, NULL, memory_order_relaxed);
   atomic_store_explicit(&e->owner, -1, memory_order_relaxed);
 }
 
 bool sock_uuid_valid(sock_uuid_t uuid) {
   struct sock_entry *e = sock__entry(uuid);
-  if (!e) return false;
-  uint32_t gen = atomic_load_explicit(&e->gen, memory_order_acquire);
-  return (gen & 1) && sock__make(sock_uuid_fd(uuid), gen) == uuid;
+  if (!e || !uuid) return false;
+  uint64_t state = atomic_load_explicit(&e->state, memory_order_acquire);
+  return sock__live(sock_uuid_fd(uuid), state) == uuid;
 }
 
 int sock_uuid_owner(sock_uuid_t uuid) {

@@ -9,16 +9,21 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-/* A connection handle: the fd in the low 24 bits, the fd's generation above
- * them (28 bits). Each open and each close of an fd bumps its generation,
- * so a handle to a closed connection never matches a later connection on
- * the same fd. 0 is never a valid uuid. The value fits a Lua number. */
+/* A connection handle: the fd in the low 21 bits, the fd's generation above
+ * them (32 bits, 53 in all, so the value is exact as a Lua number). Each
+ * open of an fd takes the next generation (never 0), so a handle to a
+ * closed connection matches a later connection on the same fd only after
+ * 2^32 - 1 more opens of that very fd (a day at 50,000 connections a
+ * second all landing on one fd; see ARCHITECTURE.md, issue 16 item 6).
+ * 0 is never a valid uuid. */
 typedef uint64_t sock_uuid_t;
 
-#define SOCK_FD_BITS 24
+#define SOCK_FD_BITS 21
+#define SOCK_GEN_BITS 32
 
-/* Raises RLIMIT_NOFILE's soft limit to the hard one and sizes the uuid
- * table to it (at most 2^24). Call once from the main thread before any
+/* Raises RLIMIT_NOFILE's soft limit to the hard one, at most 2^21 (the fds
+ * a uuid can name: a lower soft limit makes accept fail with EMFILE rather
+ * than hand out an fd no uuid can name), and sizes the uuid table to it. Call once from the main thread before any
  * other sock call. Returns 0 or a negative errno. */
 int sock_init(void);
 /* Releases the table. Main thread, after every other thread is gone. */

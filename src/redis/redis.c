@@ -3,6 +3,7 @@
 #include "redis/redis.h"
 
 #include <errno.h>
+#include <hiredis/sds.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,9 +391,26 @@ struct redis_engine {
    * a message published right after a subscription could reach Redis
    * (on the other connection) before it. */
   int sub_pending;
+  _Atomic size_t *gauge; /* redis_engine_set_gauge */
 };
 
 static void redis__flush(redis_engine_t *e);
+
+size_t redis_ctx_unsent(const redisAsyncContext *ac) {
+  return ac && ac->c.obuf ? sdslen(ac->c.obuf) : 0;
+}
+
+static void redis__gauge(redis_engine_t *e) {
+  if (e->gauge)
+    atomic_store_explicit(
+        e->gauge, redis_ctx_unsent(redis_link_ctx(e->pub)) + e->queued_bytes,
+        memory_order_relaxed);
+}
+
+void redis_engine_set_gauge(redis_engine_t *e, _Atomic size_t *gauge) {
+  e->gauge = gauge;
+  redis__gauge(e);
+}
 
 static void redis__message(redisAsyncContext *ac, void *r, void *priv) {
   redis_engine_t *e = priv;
@@ -446,7 +464,12 @@ static void redis__sub_up(redis_link_t *l, void *arg) {
   if (e->each) e->each(redis__sub_one, e, e->arg);
 }
 
-static void redis__pub_up(redis_link_t *l, void *arg) { redis__flush(arg); }
+static void redis__pub_up(redis_link_t *l, void *arg) {
+  redis__flush(arg);
+  redis__gauge(arg);
+}
+
+static void redis__pub_down(redis_link_t *l, void *arg) { redis__gauge(arg); }
 
 redis_engine_t *redis_engine_new(reactor_t *r, const redis_url_t *u,
                                  redis_msg_fn on_msg, redis_each_fn each,
@@ -459,7 +482,7 @@ redis_engine_t *redis_engine_new(reactor_t *r, const redis_url_t *u,
   e->sub = redis_link_new(r, u, "redis (subscriber)", 3000,
                           (redis_link_hooks_t){redis__sub_up, redis__sub_down}, e);
   e->pub = redis_link_new(r, u, "redis (publisher)", 3000,
-                          (redis_link_hooks_t){redis__pub_up, NULL}, e);
+                          (redis_link_hooks_t){redis__pub_up, redis__pub_down}, e);
   if (!e->sub || !e->pub) {
     redis_engine_free(e);
     return NULL;
@@ -506,13 +529,26 @@ void redis_engine_unsubscribe(redis_engine_t *e, const char *ch, size_t len,
   redisAsyncCommandArgv(ac, redis__message, e, 2, argv, lens);
 }
 
+/* A PUBLISH's reply: its bytes left the output buffer, so queued ones may
+ * follow. NULL: the context is going (nothing to do, e may be going too). */
+static void redis__published(redisAsyncContext *ac, void *r, void *priv) {
+  if (!r) return;
+  redis_engine_t *e = priv;
+  redis__flush(e);
+  redis__gauge(e);
+}
+
 static int redis__send(redis_engine_t *e, const char *ch, size_t clen,
                        const char *msg, size_t mlen) {
   redisAsyncContext *ac = redis_link_ctx(e->pub);
   if (!ac) return -1;
+  /* Redis up but not reading fast enough: hold it in the bounded queue
+   * rather than in hiredis's unbounded buffer. */
+  if (redis_ctx_unsent(ac) + clen + mlen > REDIS_OBUF_MAX) return -1;
   const char *argv[3] = {"PUBLISH", ch, msg};
   size_t lens[3] = {7, clen, mlen};
-  return redisAsyncCommandArgv(ac, NULL, NULL, 3, argv, lens) == REDIS_OK
+  return redisAsyncCommandArgv(ac, redis__published, e, 3, argv, lens) ==
+                 REDIS_OK
              ? 0
              : -1;
 }
@@ -537,8 +573,10 @@ static void redis__flush(redis_engine_t *e) {
 
 void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
                           const char *msg, size_t mlen) {
-  if (!e->head && !e->sub_pending && redis__send(e, ch, clen, msg, mlen) == 0)
+  if (!e->head && !e->sub_pending && redis__send(e, ch, clen, msg, mlen) == 0) {
+    redis__gauge(e);
     return;
+  }
   redis_pending_t *p = malloc(sizeof(*p) + clen + mlen);
   if (!p) {
     e->dropped++;
@@ -566,7 +604,8 @@ void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
     free(old);
     if (e->dropped++ == 0)
       log_error("redis: Redis is away and %d messages wait; dropping the "
-                "oldest", REDIS_QUEUE_MAX);
+                "oldest", REDIS_QUEUE_MAX); /* (or slow: the same queue) */
   }
   redis__flush(e); /* the link may be up with an older queue */
+  redis__gauge(e);
 }

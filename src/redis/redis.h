@@ -7,6 +7,7 @@
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -42,6 +43,15 @@ typedef struct {
 redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
                              const char *name, int connect_ms,
                              redis_link_hooks_t hooks, void *arg);
+/* The most bytes of commands a context holds unsent (hiredis's output
+ * buffer, which has no bound of its own): while Redis is up but slow to
+ * read, the engine queues publishes past it (bounded below) and r:cmd
+ * refuses with "output buffer full". */
+#define REDIS_OBUF_MAX ((size_t)16 << 20)
+/* Bytes of commands in ac's output buffer not yet written to the socket
+ * (0 for NULL). The context's thread. */
+size_t redis_ctx_unsent(const redisAsyncContext *ac);
+
 /* The live context (commands may be sent), or NULL while down. */
 redisAsyncContext *redis_link_ctx(redis_link_t *l);
 /* The same, or the context still connecting (commands sent to it wait
@@ -72,7 +82,8 @@ typedef void (*redis_each_fn)(void (*add)(const char *ch, size_t len,
                                           bool pattern, void *add_arg),
                               void *add_arg, void *arg);
 
-/* Publishes that wait while Redis is away, at most. */
+/* Publishes that wait while Redis is away or slow (its output buffer
+ * holds REDIS_OBUF_MAX), at most. */
 #define REDIS_QUEUE_MAX 10000
 #define REDIS_QUEUE_BYTES ((size_t)64 << 20)
 
@@ -91,10 +102,14 @@ void redis_engine_subscribe(redis_engine_t *e, const char *ch, size_t len,
                             bool pattern);
 void redis_engine_unsubscribe(redis_engine_t *e, const char *ch, size_t len,
                               bool pattern);
-/* PUBLISH; waits in a bounded queue while Redis is away (the oldest are
- * dropped past REDIS_QUEUE_MAX messages or REDIS_QUEUE_BYTES, with a log
- * line that says how many). */
+/* PUBLISH; waits in a bounded queue while Redis is away or slow (the
+ * oldest are dropped past REDIS_QUEUE_MAX messages or REDIS_QUEUE_BYTES,
+ * with a log line that says how many). */
 void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
                           const char *msg, size_t mlen);
+/* From now on the engine stores in *gauge, after every change, the bytes
+ * of publishes it holds (unsent in the output buffer, and queued), for
+ * other threads to read (relaxed: a hint for refusing more). */
+void redis_engine_set_gauge(redis_engine_t *e, _Atomic size_t *gauge);
 
 #endif
