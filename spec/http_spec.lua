@@ -1306,6 +1306,33 @@ describe("mp.http", function()
       assert.equal(0, srv:stop(H.SIGTERM, H.T(10)))
     end)
 
+    it("-w 2: req.conn_uid is unique across the server (\"SERIAL-ID\", one serial per process) where req.conn_id, a handle within one process, can repeat", function()
+      local srv, port = start(nil, { options = { "-w", "2" } })
+      local uids, serial_of, pids = {}, {}, {}
+      for i = 1, 60 do
+        local c = H.connect(port)
+        local rd = reader(c)
+        assert.is_true(H.send(c, get("/form", "Connection: close\r\n")))
+        local f = cjson.decode(response(rd).body)
+        c:close()
+        local serial, id = f.conn_uid:match("^(%d+)%-(%d+)$")
+        assert.truthy(serial, f.conn_uid)
+        assert.equal(("%d"):format(f.conn_id), id)
+        assert.is_nil(uids[f.conn_uid], "repeated: " .. f.conn_uid)
+        uids[f.conn_uid] = true
+        serial_of[f.pid] = serial_of[f.pid] or serial
+        assert.equal(serial_of[f.pid], serial, "one serial per process")
+        pids[f.pid] = true
+        if i > 20 and next(pids, next(pids)) then break end
+      end
+      local serials = {}
+      for _, s in pairs(serial_of) do
+        assert.is_nil(serials[s], "two processes with serial " .. s)
+        serials[s] = true
+      end
+      assert.equal(0, srv:stop(H.SIGTERM, H.T(10)))
+    end)
+
     it("-t 2: both lanes serve, every connection in order", function()
       local srv, port = start(nil, { threads = 2 })
       local lanes, total = {}, 0

@@ -798,6 +798,7 @@ static int worker_main(int index, int sink, int ipc_fd, void *arg) {
   log_set_worker(index);
   srv->worker_index = index;
   srv->sink = sink;
+  srv->serial = stats_next_serial(srv->stats);
   srv->root = false;
   srv->lanes = NULL; /* the root lane stays the root's */
   srv->ps = NULL;
@@ -1105,6 +1106,7 @@ int main(int argc, char **argv) {
     log_error("cannot map the counters: %s", strerror(errno));
     return 1;
   }
+  srv.serial = stats_next_serial(srv.stats);
   if (new_wake_fd(&srv)) return 1;
   return srv.nworkers > 1 ? run_root(&srv, o.watch) : run_lanes(&srv, -1);
 }

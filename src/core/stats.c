@@ -44,6 +44,10 @@ stats_slot_t *stats_slot(stats_t *s, int i) {
 
 _Atomic uint64_t *stats_server(stats_t *s) { return s->server; }
 
+uint64_t stats_next_serial(stats_t *s) {
+  return atomic_fetch_add(&s->server[STAT_SRV_PROCESSES], 1) + 1;
+}
+
 double stats_uptime(const stats_t *s) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);

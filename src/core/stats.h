@@ -42,6 +42,7 @@ enum {
   STAT_SRV_WORKER_RESTARTS, /* workers started after the first ones */
   STAT_SRV_RELOADS,         /* reloads that took */
   STAT_SRV_REDIS_UP,        /* gauge: 1 while the Redis engine is connected */
+  STAT_SRV_PROCESSES,       /* processes started (the root and -w 1 included) */
   STAT_SRV_N
 };
 
@@ -59,6 +60,10 @@ int stats_slots(const stats_t *s);
 stats_slot_t *stats_slot(stats_t *s, int i);
 /* The server-wide counters (STAT_SRV_*). */
 _Atomic uint64_t *stats_server(stats_t *s);
+/* A number no other process of the server has or had: 1 for the first
+ * process, then one more for each process started (stats_next_serial in
+ * each, at its start). */
+uint64_t stats_next_serial(stats_t *s);
 /* Seconds since stats_new. */
 double stats_uptime(const stats_t *s);
 

@@ -144,6 +144,7 @@ struct lx_server {
    * [sink * (threads + 1), + threads + 1). */
   struct stats *stats;
   int sink;
+  uint64_t serial; /* this process's number in the server (stats_next_serial) */
   /* mp.shared dictionaries by name: made in the root (or, with one
    * process, by lane 1) and inherited by forked workers. Never removed
    * while the process runs. */
@@ -203,6 +204,10 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
                        reactor_t *on, char *err, size_t errlen);
 /* Frees a lane whose loop has returned (or never ran). Main thread. */
 void lx_lane_free(lx_lane_t *ln);
+/* Pushes the server-wide id of connection `uuid` of this process:
+ * "SERIAL-UUID", a string no other connection of the server has (a uuid
+ * is unique only within its process). */
+void lx_push_uid(lua_State *L, lx_server_t *srv, sock_uuid_t uuid);
 /* The lane thread's body: start handlers, the loop, done. */
 void lx_lane_run(lx_lane_t *ln);
 /* Root only: replaces the root lane by a new one running the script as it

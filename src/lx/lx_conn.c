@@ -208,6 +208,19 @@ static int lx_conn_id(lua_State *L) {
   return 1;
 }
 
+void lx_push_uid(lua_State *L, lx_server_t *srv, sock_uuid_t uuid) {
+  char buf[48];
+  int n = snprintf(buf, sizeof(buf), "%llu-%llu", (unsigned long long)srv->serial,
+                   (unsigned long long)uuid);
+  lua_pushlstring(L, buf, (size_t)n);
+}
+
+static int lx_conn_uid(lua_State *L) {
+  lx_conn_ud_t *ud = lx__check(L);
+  lx_push_uid(L, lx__ln(L)->srv, ud->uuid);
+  return 1;
+}
+
 static int lx_conn_is_open(lua_State *L) {
   conn_t *c = lx__conn(L, lx__ln(L));
   lua_pushboolean(L, c && reactor_conn_is_open(c));
@@ -250,7 +263,8 @@ static const luaL_Reg lx_conn_methods[] = {
     {"write", lx_conn_write},     {"sendfile", lx_conn_sendfile},
     {"close", lx_conn_close},     {"pause", lx_conn_pause},
     {"resume", lx_conn_resume},   {"peer", lx_conn_peer},
-    {"id", lx_conn_id},           {"is_open", lx_conn_is_open},
+    {"id", lx_conn_id},           {"uid", lx_conn_uid},
+    {"is_open", lx_conn_is_open},
     {"pending", lx_conn_pending}, {"timeout", lx_conn_timeout},
     {"subscribe", lx_conn_subscribe}, {NULL, NULL}};
 

@@ -568,7 +568,7 @@ static const char lx_headers_mt_src[] =
  * the body's name=value pairs; a repeated name keeps its last value) and
  * req:peer(). */
 static const char lx_req_mt_src[] =
-    "local peer, unescape, rawget, rawset, read_now, read_wait = ...\n"
+    "local peer, unescape, rawget, rawset, read_now, read_wait, uid = ...\n"
     "local function read(req)\n"
     "  local chunk, err = read_now(req)\n"
     "  if chunk == false then return read_wait(req) end\n"
@@ -583,6 +583,11 @@ static const char lx_req_mt_src[] =
     "return { __index = function(req, k)\n"
     "  if k == 'peer' then return peer end\n"
     "  if k == 'read' then return read end\n"
+    "  if k == 'conn_uid' then\n"
+    "    local u = uid(rawget(req, 'conn_id'))\n"
+    "    rawset(req, 'conn_uid', u)\n"
+    "    return u\n"
+    "  end\n"
     "  if k ~= 'form' then return nil end\n"
     "  local f = {}\n"
     "  parse(rawget(req, 'query') or '', f)\n"
@@ -593,6 +598,13 @@ static const char lx_req_mt_src[] =
     "  rawset(req, 'form', f)\n"
     "  return f\n"
     "end }\n";
+
+/* uid(conn_id): the connection's server-wide id (lx_push_uid). */
+static int lx_req_uid(lua_State *L) {
+  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
+  lx_push_uid(L, ln->srv, (sock_uuid_t)luaL_checknumber(L, 1));
+  return 1;
+}
 
 /* unescape(s): a form field decoded ('+' is a space); s as it is if it
  * holds a bad escape. */
@@ -2253,7 +2265,9 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_req_read_now, 1);
   lx_push_waiter(L, ln, lx__read_check, lx__read_arm);
-  lua_call(L, 6, 1);
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx_req_uid, 1);
+  lua_call(L, 7, 1);
   lua_rawset(L, LUA_REGISTRYINDEX);
   if (luaL_loadbuffer(L, lx_runner_src, sizeof(lx_runner_src) - 1,
                       "=moonport.http"))

@@ -643,6 +643,12 @@ static int lx_stream_id(lua_State *L) {
   return 1;
 }
 
+static int lx_stream_uid(lua_State *L) {
+  lx_stream_ud_t *ud = lx_check_self(L, "websocket or sse object");
+  lx_push_uid(L, lx__ln(L)->srv, ud->uuid);
+  return 1;
+}
+
 static int lx_stream_is_open(lua_State *L) {
   conn_t *c;
   lx_stream_t *st = lx__stream(L, &c);
@@ -668,7 +674,7 @@ static int lx_stream_tostring(lua_State *L) {
 static const luaL_Reg lx_ws_methods[] = {
     {"send", lx_ws_send},           {"close", lx_ws_close},
     {"subscribe", lx_stream_subscribe}, {"peer", lx_stream_peer},
-    {"id", lx_stream_id},           {"is_open", lx_stream_is_open},
+    {"id", lx_stream_id}, {"uid", lx_stream_uid},           {"is_open", lx_stream_is_open},
     {"pending", lx_stream_pending}, {NULL, NULL}};
 
 static const luaL_Reg lx_sse_methods[] = {
@@ -677,7 +683,7 @@ static const luaL_Reg lx_sse_methods[] = {
     {"subscribe", lx_stream_subscribe},
     {"last_event_id", lx_sse_last_event_id},
     {"peer", lx_stream_peer},
-    {"id", lx_stream_id},
+    {"id", lx_stream_id}, {"uid", lx_stream_uid},
     {"is_open", lx_stream_is_open},
     {"pending", lx_stream_pending},
     {NULL, NULL}};
