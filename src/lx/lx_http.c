@@ -806,6 +806,25 @@ static int lx__push_run(lua_State *L, void *arg) {
   return 3 + LX_REQ_PARTS;
 }
 
+/* Runs `handler` for the request in hand through the runner at
+ * `runner_key`, in a pooled coroutine. The pushes are protected: out of
+ * memory there fails this request (500) instead of panicking the process
+ * (issue 16, item 13); a target that doesn't decode is a 400. */
+static void lx__run(conn_t *c, lx_hconn_t *hc, const char *body, size_t blen,
+                    const char *runner_key, int handler, const char *what) {
+  lx_lane_t *ln = hc->svc->ln;
+  struct lx__req_args ra = {c, hc, body, blen, runner_key, handler};
+  int co_ref, n;
+  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_run, &ra, &n);
+  if (!co) {
+    lx__refuse(c, hc, n == -ENOMEM ? 500 : 400);
+    return;
+  }
+  hc->state = H_BUSY;
+  reactor_conn_set_timeout(c, 0); /* the handler takes what it takes */
+  lx_call_on(ln, co, co_ref, 2 + LX_REQ_PARTS, LX_CONN, c, NULL, what);
+}
+
 static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc);
 
 /* A WebSocket handshake (RFC 6455 4.2): answers 101 and hands the
@@ -836,17 +855,7 @@ static void lx__upgrade(conn_t *c, lx_hconn_t *hc) {
   }
   /* websocket.on_upgrade decides before anything is sent: it refuses by
    * answering (res:status(403):send()), or returns to accept. */
-  lx_lane_t *ln = hc->svc->ln;
-  struct lx__req_args ra = {c, hc, "", 0, &lx_upgrade_key, hook};
-  int co_ref, n;
-  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_run, &ra, &n);
-  if (!co) {
-    lx__refuse(c, hc, n == -ENOMEM ? 500 : 400);
-    return;
-  }
-  hc->state = H_BUSY;
-  reactor_conn_set_timeout(c, 0);
-  lx_call_on(ln, co, co_ref, 2 + LX_REQ_PARTS, LX_CONN, c, NULL, "on_upgrade");
+  lx__run(c, hc, "", 0, &lx_upgrade_key, hook, "on_upgrade");
 }
 
 /* The upgrade is accepted: the 101 (with on_upgrade's header lines, if
@@ -937,9 +946,7 @@ static bool lx__status(conn_t *c, lx_hconn_t *hc) {
 /* The request in hand is whole: run on_request. */
 static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
                          size_t blen) {
-  lx_service_t *s = hc->svc;
-  lx_lane_t *ln = s->ln;
-  lx_http_cfg_t *cfg = lx__cfg(s);
+  lx_http_cfg_t *cfg = lx__cfg(hc->svc);
   if (cfg->ws && lx__is_upgrade(hc->req)) {
     lx__upgrade(c, hc);
     return;
@@ -958,18 +965,7 @@ static void lx__dispatch(conn_t *c, lx_hconn_t *hc, const char *body,
     lx__complete(c, hc, res.keep_alive && hc->keep_alive);
     return;
   }
-  /* Protected: out of memory in these pushes fails this request (500)
-   * instead of panicking the process (issue 16, item 13). */
-  struct lx__req_args ra = {c, hc, body, blen, &lx_runner_key, cfg->on_request};
-  int co_ref, n;
-  lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_run, &ra, &n);
-  if (!co) {
-    lx__refuse(c, hc, n == -ENOMEM ? 500 : 400);
-    return;
-  }
-  hc->state = H_BUSY;
-  reactor_conn_set_timeout(c, 0); /* the handler takes what it takes */
-  lx_call_on(ln, co, co_ref, 2 + LX_REQ_PARTS, LX_CONN, c, NULL, "on_request");
+  lx__run(c, hc, body, blen, &lx_runner_key, cfg->on_request, "on_request");
 }
 
 /* Parses what is buffered and runs the requests that are whole, one at a
