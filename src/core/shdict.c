@@ -594,26 +594,27 @@ size_t shdict_max_item(const shdict_t *d) {
   return ((size_t)1 << d->top) - sizeof(shd_item_t);
 }
 
-size_t shdict_free_space(shdict_t *d) {
-  size_t n = 0;
+/* The sum over the shards of the uint64_t field at `off` of their state,
+ * each read under its shard's lock. */
+static uint64_t shd_sum(shdict_t *d, size_t off) {
+  uint64_t n = 0;
   for (uint32_t i = 0; i < d->nshards; i++) {
     shd_op_t op;
     if (shd_shard_op(d, i, &op)) continue;
-    n += op.s->free_bytes;
+    uint64_t v;
+    memcpy(&v, (const char *)op.s + off, sizeof(v));
+    n += v;
     shd_end(&op, 0);
   }
   return n;
 }
 
+size_t shdict_free_space(shdict_t *d) {
+  return (size_t)shd_sum(d, offsetof(shd_shard_t, free_bytes));
+}
+
 uint64_t shdict_repairs(shdict_t *d) {
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < d->nshards; i++) {
-    shd_op_t op;
-    if (shd_shard_op(d, i, &op)) continue;
-    n += op.s->repairs;
-    shd_end(&op, 0);
-  }
-  return n;
+  return shd_sum(d, offsetof(shd_shard_t, repairs));
 }
 
 /* A get without the lock: reads don't write the shard's cache lines, so
