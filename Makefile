@@ -7,7 +7,10 @@ LUAJIT_CFLAGS := $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/i
 LUAJIT_LIBS   := $(shell pkg-config --libs luajit 2>/dev/null || echo -lluajit-5.1)
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wstrict-prototypes
-BASE    := -std=gnu11 -g -pthread -D_GNU_SOURCE -Isrc $(WARN) $(LUAJIT_CFLAGS)
+# BASE has no LuaJIT include path: only the binding (src/lx, main.c, the
+# generated module table) gets it, so a lua.h below the binding fails the
+# build (the layering rule of docs/ARCHITECTURE.md).
+BASE    := -std=gnu11 -g -pthread -D_GNU_SOURCE -Isrc $(WARN)
 ifeq ($(VARIANT),release)
   OPT := -O2
 else ifeq ($(VARIANT),asan)
@@ -22,12 +25,19 @@ LDFLAGS += $(OPT) -pthread -rdynamic
 LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lm -ldl
 
 OUT     := build/$(VARIANT)
-SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/http/*.c src/lx/*.c)
-OBJS    := $(SRCS:%.c=$(OUT)/%.o)
-UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
-BIN     := $(OUT)/moonport
+# The library below the binding: no Lua in it. The C unit tests link only
+# this, without LuaJIT.
+CORE_SRCS := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/http/*.c)
+CORE_OBJS := $(CORE_SRCS:%.c=$(OUT)/%.o)
+CORE_LIB  := $(OUT)/libmoonport-core.a
+LX_SRCS   := $(wildcard src/lx/*.c)
+LUA_MODS  := $(sort $(wildcard lua/moonport/*.lua lua/moonport/*/*.lua))
+LX_OBJS   := $(LX_SRCS:%.c=$(OUT)/%.o) $(OUT)/gen/lx_embedded.o
+OBJS      := $(CORE_OBJS) $(LX_OBJS)
+UNIT      := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
+BIN       := $(OUT)/moonport
 
-.PHONY: all setup test test-unit test-spec test-direct test-asan test-tsan bench run clean \
+.PHONY: all setup test lint test-lua test-unit test-spec test-direct test-asan test-tsan bench run clean \
         fuzz fuzz-ci fuzz-build test-diff install uninstall deb test-deb
 all: $(BIN)
 	@if [ "$(VARIANT)" = release ]; then ln -sf release/moonport build/moonport; fi
@@ -36,23 +46,47 @@ $(OUT)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-# lx_shared.c builds src/lx/lx_shared_ffi.lua in (.incbin), which -MMD can't see.
-$(OUT)/src/lx/lx_shared.o: src/lx/lx_shared_ffi.lua
+$(OUT)/src/lx/%.o $(OUT)/src/main.o $(OUT)/gen/lx_embedded.o: CFLAGS += $(LUAJIT_CFLAGS)
 
-$(BIN): $(OBJS) $(OUT)/src/main.o
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
-
-$(OUT)/unit/%: spec/c/%.c $(OBJS)
+# lua/moonport/*.lua, built in as string constants (src/lx/lx_embed.h).
+$(OUT)/gen/lx_embedded.c: $(LUA_MODS) scripts/embed-lua
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+	luajit scripts/embed-lua $@ $(LUA_MODS)
+
+$(OUT)/gen/lx_embedded.o: $(OUT)/gen/lx_embedded.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(CORE_LIB): $(CORE_OBJS)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BIN): $(LX_OBJS) $(OUT)/src/main.o $(CORE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $(LX_OBJS) $(OUT)/src/main.o $(CORE_LIB) $(LDLIBS)
+
+# C unit tests: the core library only, no LuaJIT.
+CORE_LDLIBS := -lhiredis -luring -lm -ldl
+$(OUT)/unit/%: spec/c/%.c $(CORE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(CORE_LDLIBS)
 
 setup:
 	@bash scripts/setup
 
-# The README's test command: set up, build, C unit tests, then the specs.
+# The README's test command: set up, build, C unit tests, luacheck, then
+# the specs (spec/lua's unit specs of lua/moonport and the end-to-end ones).
 test: setup
 	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory test-unit test-spec
+	@$(MAKE) --no-print-directory test-unit lint test-spec
+
+# luacheck (.luacheckrc) over the Lua the server runs, the specs, the
+# examples and the benchmark scripts.
+lint:
+	@luacheck --quiet --formatter plain lua spec examples bench scripts/embed-lua
+	@echo "lint: luacheck clean"
+
+# The busted unit specs of the pure-Lua modules: no server, no build.
+test-lua:
+	@luajit /usr/bin/busted --output=TAP spec/lua
 
 test-unit: $(UNIT)
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
@@ -84,6 +118,7 @@ bench: all
 	@bash scripts/bench-fanout
 	@bash scripts/bench-redis
 	@bash scripts/bench-shared
+	@bash scripts/bench-router   # what a 50-route mp.router adds to a request
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
 	@bash scripts/bench-reload   # errors clients see through 100 reloads, against nginx
 	@bash scripts/bench-idle     # bytes per idle TCP, HTTP and WebSocket connection

@@ -296,6 +296,10 @@ void lx_meta_env(lua_State *L, lx_lane_t *ln, const char *name,
 void *lx_new_env_ud(lua_State *L, size_t size, const char *name);
 /* In a method made by lx_meta_env: argument 1 as that object, or raises. */
 void *lx_check_self(lua_State *L, const char *name);
+
+/* A function, or a table or userdata whose metatable has __call (an
+ * mp.router), at idx. */
+bool lx_is_callable(lua_State *L, int idx);
 /* Pushes c's peer: ip, port (Unix sockets: "unix", path), or nil for
  * NULL or an unknown peer. Returns the count pushed. */
 int lx_push_peer(lua_State *L, conn_t *c);

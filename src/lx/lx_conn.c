@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "lx/lx.h"
+#include "lx/lx_embed.h"
 
 #define LX_CONN_MT "moonport.conn"
 /* Writes at least this long are queued by reference to the Lua string
@@ -24,26 +25,7 @@ typedef struct {
 /* Registry keys (their addresses). */
 static const char lx_noenv_key = 0;
 
-/* conn.env lives in the userdata's environment table, made on first use,
- * so an idle connection that never touches it pays nothing. The __index
- * is Lua so that LuaJIT can compile method look-ups into traces. */
-static const char lx_index_src[] =
-    "local methods, NOENV, getfenv, setfenv = ...\n"
-    "local function index(self, k)\n"
-    "  local m = methods[k]\n"
-    "  if m ~= nil then return m end\n"
-    "  if k == 'env' then\n"
-    "    local e = getfenv(self)\n"
-    "    if e == NOENV then e = {}; setfenv(self, e) end\n"
-    "    return e\n"
-    "  end\n"
-    "end\n"
-    "local function newindex(self, k, v)\n"
-    "  if k == 'env' and type(v) == 'table' then setfenv(self, v) return end\n"
-    "  error(tostring(self) .. \" has no field '\" .. tostring(k) ..\n"
-    "        \"' to set (keep state in its .env table)\", 2)\n"
-    "end\n"
-    "return index, newindex\n";
+/* conn.env and the method look-up: lua/moonport/object.lua. */
 
 static lx_lane_t *lx__ln(lua_State *L) {
   return lua_touserdata(L, lua_upvalueindex(1));
@@ -74,6 +56,15 @@ static conn_t *lx__conn(lua_State *L, lx_lane_t *ln) {
 }
 
 static int lx__ref_of(conn_t *c) { return (int)(intptr_t)reactor_conn_udata(c); }
+
+bool lx_is_callable(lua_State *L, int idx) {
+  if (lua_isfunction(L, idx)) return true;
+  if (!lua_getmetatable(L, idx)) return false;
+  lua_getfield(L, -1, "__call");
+  bool ok = lua_isfunction(L, -1);
+  lua_pop(L, 2);
+  return ok;
+}
 
 void *lx_new_env_ud(lua_State *L, size_t size, const char *name) {
   void *ud = lua_newuserdata(L, size);
@@ -272,28 +263,24 @@ void lx_meta_env(lua_State *L, lx_lane_t *ln, const char *name,
                  const luaL_Reg *methods) {
   lua_pushlightuserdata(L, (void *)&lx_noenv_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
-  if (lua_isnil(L, -1)) {
+  if (lua_isnil(L, -1)) { /* the placeholder environment, also core.noenv */
     lua_pushlightuserdata(L, (void *)&lx_noenv_key);
     lua_newtable(L);
+    lx_embed_core(L);
+    lua_pushvalue(L, -2);
+    lua_setfield(L, -2, "noenv");
+    lua_pop(L, 1);
     lua_rawset(L, LUA_REGISTRYINDEX);
   }
   lua_pop(L, 1);
 
   luaL_newmetatable(L, name);
-  if (luaL_loadbuffer(L, lx_index_src, sizeof(lx_index_src) - 1,
-                      "=moonport.object"))
-    lua_error(L);
+  lx_require(L, "moonport.object");
   lua_newtable(L);
   lua_pushlightuserdata(L, ln);
   lua_pushvalue(L, -4); /* the metatable */
   luaL_setfuncs(L, methods, 2);
-  lua_pushlightuserdata(L, (void *)&lx_noenv_key);
-  lua_rawget(L, LUA_REGISTRYINDEX);
-  lua_getglobal(L, "debug");
-  lua_getfield(L, -1, "getfenv");
-  lua_getfield(L, -2, "setfenv");
-  lua_remove(L, -3);
-  lua_call(L, 4, 2);
+  lua_call(L, 1, 2);
   lua_setfield(L, -3, "__newindex");
   lua_setfield(L, -2, "__index");
   lua_pushstring(L, name);

@@ -21,6 +21,7 @@
 #include "http/static.h"
 #include "http/ws.h"
 #include "lx/lx.h"
+#include "lx/lx_embed.h"
 
 #define LX_RES_MT "moonport.http.response"
 #define LX_HTTP_ZERO_COPY_MIN 16384
@@ -552,52 +553,8 @@ static void lx__body_add(const char *p, size_t n, void *arg) {
   }
 }
 
-/* Registry keys (their addresses): the metatables of request tables and
- * of their headers (req.headers["Content-Type"] finds "content-type"). */
-static const char lx_req_mt_key = 0;
-static const char lx_headers_mt_key = 0;
-static const char lx_headers_mt_src[] =
-    "local rawget, type = rawget, type\n"
-    "return { __index = function(h, k)\n"
-    "  if type(k) ~= 'string' then return nil end\n"
-    "  local l = k:lower()\n"
-    "  if l ~= k then return rawget(h, l) end\n"
-    "end }\n";
-
-/* req.form (made on first use: the query's and, for a urlencoded body,
- * the body's name=value pairs; a repeated name keeps its last value) and
- * req:peer(). */
-static const char lx_req_mt_src[] =
-    "local peer, unescape, rawget, rawset, read_now, read_wait, uid = ...\n"
-    "local function read(req)\n"
-    "  local chunk, err = read_now(req)\n"
-    "  if chunk == false then return read_wait(req) end\n"
-    "  return chunk, err\n"
-    "end\n"
-    "local function parse(s, into)\n"
-    "  for pair in s:gmatch('[^&;]+') do\n"
-    "    local k, v = pair:match('^([^=]*)=?(.*)$')\n"
-    "    if k ~= '' then into[unescape(k)] = unescape(v) end\n"
-    "  end\n"
-    "end\n"
-    "return { __index = function(req, k)\n"
-    "  if k == 'peer' then return peer end\n"
-    "  if k == 'read' then return read end\n"
-    "  if k == 'conn_uid' then\n"
-    "    local u = uid(rawget(req, 'conn_id'))\n"
-    "    rawset(req, 'conn_uid', u)\n"
-    "    return u\n"
-    "  end\n"
-    "  if k ~= 'form' then return nil end\n"
-    "  local f = {}\n"
-    "  parse(rawget(req, 'query') or '', f)\n"
-    "  local ct = rawget(req, 'headers')['content-type']\n"
-    "  if ct and ct:lower():find('^%s*application/x%-www%-form%-urlencoded') then\n"
-    "    parse(rawget(req, 'body') or '', f)\n"
-    "  end\n"
-    "  rawset(req, 'form', f)\n"
-    "  return f\n"
-    "end }\n";
+/* The request and headers metatables are lua/moonport/request.lua and
+ * headers.lua. */
 
 /* uid(conn_id): the connection's server-wide id (lx_push_uid). */
 static int lx_req_uid(lua_State *L) {
@@ -636,7 +593,7 @@ static int lx_req_peer(lua_State *L) {
 /* Pushes the request table. Returns false (nothing pushed) for a target
  * that can't be decoded. */
 /* Pushes the request's parts, the arguments of the Lua request builder
- * (lx_runner_src): method, path (decoded), query, target, minor version,
+ * (lua/moonport/http.lua): method, path (decoded), query, target, minor version,
  * headers (a table of lower-case names; repeated fields joined with ", "),
  * body (nil: streamed, read with req:read()), conn_id and the request's
  * number on its connection (hc->seq, bumped here). The table itself
@@ -702,7 +659,7 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
 }
 
 /* Registry key of the request builder (the second value of
- * lx_runner_src). */
+ * lua/moonport/http.lua). */
 static const char lx_req_build_key = 0;
 
 /* Pushes the request table. */
@@ -748,32 +705,6 @@ static const char lx_runner_key = 0;
 /* ... and of the wrapper of websocket.on_upgrade: it accepts the upgrade
  * (res:_upgrade) unless the handler answered. */
 static const char lx_upgrade_key = 0;
-static const char lx_runner_src[] =
-    "local RMT, HMT = ...\n"
-    "local xpcall, traceback, setmetatable = xpcall, debug.traceback, setmetatable\n"
-    "local function build(method, path, query, target, minor, headers, body, id,\n"
-    "                     seq)\n"
-    "  return setmetatable({ method = method, path = path, query = query,\n"
-    "    target = target, version = minor == 0 and '1.0' or '1.1',\n"
-    "    headers = setmetatable(headers, HMT), body = body, conn_id = id,\n"
-    "    _seq = seq }, RMT)\n"
-    "end\n"
-    "local function run(handler, res, method, path, query, target, minor,\n"
-    "                   headers, body, id, seq)\n"
-    "  local req = build(method, path, query, target, minor, headers, body, id,\n"
-    "                    seq)\n"
-    "  local ok, err = xpcall(handler, traceback, req, res)\n"
-    "  if ok then res:_done() else res:_fail(err) end\n"
-    "end\n"
-    "local function upgrade(handler, res, method, path, query, target, minor,\n"
-    "                       headers, body, id, seq)\n"
-    "  local req = build(method, path, query, target, minor, headers, body, id,\n"
-    "                    seq)\n"
-    "  local ok, v = xpcall(handler, traceback, req, res)\n"
-    "  if ok then ok, v = pcall(res._upgrade, res, v) end\n"
-    "  if not ok then res:_fail(v) end\n"
-    "end\n"
-    "return run, build, upgrade\n";
 
 static bool lx__push_upgrade_req(lua_State *L, void *arg) {
   return lx__push_req(L, arg, "", 0);
@@ -1479,23 +1410,21 @@ static int lx_res_send(lua_State *L) {
   return 1;
 }
 
-static const char lx_cjson_encode_key = 0;
+static const char lx_json_encode_key = 0;
 
 static int lx_res_json(lua_State *L) {
   lx_res_t *res = lx__res(L);
   luaL_checkany(L, 2);
   if (!lua_isnoneornil(L, 3)) lx__set_status(L, res, 3);
-  /* cjson.encode, looked up once per lane */
-  lua_pushlightuserdata(L, (void *)&lx_cjson_encode_key);
+  /* mp.json.encode (lua/moonport/json.lua), looked up once per lane */
+  lua_pushlightuserdata(L, (void *)&lx_json_encode_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
-    lua_getglobal(L, "require");
-    lua_pushliteral(L, "cjson");
-    lua_call(L, 1, 1);
+    lx_require(L, "moonport.json");
     lua_getfield(L, -1, "encode");
     lua_remove(L, -2);
-    lua_pushlightuserdata(L, (void *)&lx_cjson_encode_key);
+    lua_pushlightuserdata(L, (void *)&lx_json_encode_key);
     lua_pushvalue(L, -2);
     lua_rawset(L, LUA_REGISTRYINDEX);
   }
@@ -2159,8 +2088,8 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   lua_getfield(L, idx, "on_request");
   lua_getfield(L, idx, "websocket");
   bool has_ws = !lua_isnil(L, -1);
-  if (!lua_isfunction(L, -2) && !(lua_isnil(L, -2) && (has_public || has_ws)))
-    luaL_error(L, "mp.http: on_request must be a function (got %s)",
+  if (!lx_is_callable(L, -2) && !(lua_isnil(L, -2) && (has_public || has_ws)))
+    luaL_error(L, "mp.http: on_request must be a function or a router (got %s)",
                luaL_typename(L, -2));
   if (has_ws) lx_ws_cfg_check(L, -1); /* raises now, while nothing is held */
   lua_pop(L, 3);
@@ -2243,45 +2172,31 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_pushlightuserdata(L, (void *)&lx_res_mt_key);
   lua_insert(L, -2);
   lua_rawset(L, LUA_REGISTRYINDEX);
-  lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
-  if (luaL_loadbuffer(L, lx_headers_mt_src, sizeof(lx_headers_mt_src) - 1,
-                      "=moonport.headers"))
-    lua_error(L);
-  lua_call(L, 0, 1);
-  lua_rawset(L, LUA_REGISTRYINDEX);
-  lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
-  if (luaL_loadbuffer(L, lx_req_mt_src, sizeof(lx_req_mt_src) - 1,
-                      "=moonport.request"))
-    lua_error(L);
+  lx_embed_core_table(L, "http"); /* for lua/moonport/request.lua */
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_req_peer, 1);
+  lua_setfield(L, -2, "peer");
   lua_pushcfunction(L, lx_req_unescape);
-  lua_getglobal(L, "rawget");
-  lua_getglobal(L, "rawset");
+  lua_setfield(L, -2, "unescape");
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_req_read_now, 1);
+  lua_setfield(L, -2, "read_now");
   lx_push_waiter(L, ln, lx__read_check, lx__read_arm);
+  lua_setfield(L, -2, "read_wait");
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_req_uid, 1);
-  lua_call(L, 7, 1);
-  lua_rawset(L, LUA_REGISTRYINDEX);
-  if (luaL_loadbuffer(L, lx_runner_src, sizeof(lx_runner_src) - 1,
-                      "=moonport.http"))
-    lua_error(L);
-  lua_pushlightuserdata(L, (void *)&lx_req_mt_key);
-  lua_rawget(L, LUA_REGISTRYINDEX);
-  lua_pushlightuserdata(L, (void *)&lx_headers_mt_key);
-  lua_rawget(L, LUA_REGISTRYINDEX);
-  lua_call(L, 2, 3);
-  lua_pushlightuserdata(L, (void *)&lx_upgrade_key);
-  lua_insert(L, -2);
-  lua_rawset(L, LUA_REGISTRYINDEX);
-  lua_pushlightuserdata(L, (void *)&lx_req_build_key);
-  lua_insert(L, -2);
-  lua_rawset(L, LUA_REGISTRYINDEX);
-  lua_pushlightuserdata(L, (void *)&lx_runner_key);
-  lua_insert(L, -2);
-  lua_rawset(L, LUA_REGISTRYINDEX);
+  lua_setfield(L, -2, "uid");
+  lua_pop(L, 1);
+  lx_require(L, "moonport.http");
+  static const struct { const char *name; const char *key; } fns[] = {
+      {"run", &lx_runner_key}, {"build", &lx_req_build_key},
+      {"upgrade", &lx_upgrade_key}};
+  for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+    lua_pushlightuserdata(L, (void *)fns[i].key);
+    lua_getfield(L, -2, fns[i].name);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  }
+  lua_pop(L, 1);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_http, 1);
   lua_setfield(L, -2, "http");

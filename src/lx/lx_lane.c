@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "lx/lx.h"
+#include "lx/lx_embed.h"
 
 /* Registry key whose address identifies the lane of a lua_State. */
 static const char lx_lane_key = 0;
@@ -264,6 +265,12 @@ static void lx__install_yield(lua_State *L, lx_lane_t *ln) {
   lua_getglobal(L, "coroutine");
   lua_pushlightuserdata(L, (void *)&lx_raw_yield_key);
   lua_getfield(L, -2, "yield");
+  lx_embed_core(L); /* core.raw_yield, core.wait_token: lua/moonport/wait.lua */
+  lua_pushvalue(L, -2);
+  lua_setfield(L, -2, "raw_yield");
+  lua_pushlightuserdata(L, (void *)&lx_wait_token);
+  lua_setfield(L, -2, "wait_token");
+  lua_pop(L, 1);
   lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx__checked_yield, 1);
@@ -271,24 +278,14 @@ static void lx__install_yield(lua_State *L, lx_lane_t *ln) {
   lua_pop(L, 1);
 }
 
-static const char lx_waiter_src[] =
-    "local check, yield, TOKEN, ARM = ...\n"
-    "return function(...)\n"
-    "  check(...)\n"
-    "  return yield(TOKEN, ARM, ...)\n"
-    "end\n";
-
+/* The waiter itself is lua/moonport/wait.lua. */
 void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
                     lx_arm_fn arm) {
-  if (luaL_loadbuffer(L, lx_waiter_src, sizeof(lx_waiter_src) - 1,
-                      "=moonport.wait"))
-    lua_error(L);
+  lx_require(L, "moonport.wait");
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, check, 1);
-  lx_push_raw_yield(L);
-  lua_pushlightuserdata(L, (void *)&lx_wait_token);
   lua_pushlightuserdata(L, (void *)arm);
-  lua_call(L, 4, 1);
+  lua_call(L, 2, 1);
 }
 
 bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
@@ -401,6 +398,7 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
   ln->psubs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   ln->conn_subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lx_embed_install(L);
   lx__install_yield(L, ln);
   lx_conn_open(L, ln);
   lx_ws_open(L, ln);

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "lx/lx.h"
+#include "lx/lx_embed.h"
 #include "redis/redis.h"
 
 #define LX_TIMER_MT "moonport.timer"
@@ -789,5 +790,8 @@ int luaopen_moonport(lua_State *L) {
     lua_rawseti(L, -2, i + 1);
   }
   lua_setfield(L, -2, "args");
+  lx_require(L, "moonport.mp"); /* the Lua-written parts: lua/moonport/mp.lua */
+  lua_insert(L, -2);
+  lua_call(L, 1, 1);
   return 1;
 }

@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "lx/lx.h"
+#include "lx/lx_embed.h"
 #include "redis/redis.h"
 
 #define LX_REDIS_MT "moonport.redis"
@@ -254,17 +255,7 @@ static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   return 0;
 }
 
-static const char lx_redis_cmd_src[] =
-    "local check, yield, TOKEN, ARM, send = ...\n"
-    "return function(self, ...)\n"
-    "  local n = select('#', ...)\n"
-    "  if n > 0 and type(select(n, ...)) == 'function' then\n"
-    "    return send(self, ...)\n"
-    "  end\n"
-    "  local ok, err = check(self, ...)\n"
-    "  if not ok then return nil, err end\n"
-    "  return yield(TOKEN, ARM, self, ...)\n"
-    "end\n";
+/* r:cmd itself is lua/moonport/redis.lua. */
 
 static void lx__redis_close(lx_redis_t *rc) {
   redis_link_t *l = rc->link;
@@ -329,16 +320,16 @@ static int lx_redis_new(lua_State *L) {
 void lx_redis_open(lua_State *L, lx_lane_t *ln) {
   luaL_newmetatable(L, LX_REDIS_MT);
   lua_newtable(L); /* methods */
-  if (luaL_loadbuffer(L, lx_redis_cmd_src, sizeof(lx_redis_cmd_src) - 1,
-                      "=moonport.redis"))
-    lua_error(L);
+  lx_embed_core_table(L, "redis");
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_redis_check, 1);
-  lx_push_raw_yield(L);
-  lua_pushlightuserdata(L, (void *)&lx_wait_token);
+  lua_setfield(L, -2, "check");
   lua_pushlightuserdata(L, (void *)lx_redis_arm);
+  lua_setfield(L, -2, "arm");
   lua_pushcfunction(L, lx_redis_send);
-  lua_call(L, 5, 1);
+  lua_setfield(L, -2, "send");
+  lua_pop(L, 1);
+  lx_require(L, "moonport.redis");
   lua_setfield(L, -2, "cmd");
   lua_pushcfunction(L, lx_redis_close);
   lua_setfield(L, -2, "close");

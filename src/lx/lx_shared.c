@@ -8,6 +8,7 @@
 
 #include "core/shdict.h"
 #include "lx/lx.h"
+#include "lx/lx_embed.h"
 
 #define LX_SHARED_MT "moonport.shared"
 /* keys() without a limit returns at most this many, as a guard against
@@ -459,13 +460,12 @@ static int lx_shared(lua_State *L) {
   return 1;
 }
 
-/* src/lx/lx_shared_ffi.lua, built in. */
-__asm__(".section .rodata\n"
-        "lx__ffi_lua:\n"
-        ".incbin \"src/lx/lx_shared_ffi.lua\"\n"
-        "lx__ffi_lua_end:\n"
-        ".previous\n");
-extern const char lx__ffi_lua[], lx__ffi_lua_end[];
+/* lua/moonport/shared.lua replaces methods.get by the FFI one; where it
+ * fails (no FFI, MOONPORT_SHARED_FFI=0), the C get stays. */
+static int lx__require_shared(lua_State *L) {
+  lx_require(L, "moonport.shared");
+  return 0;
+}
 
 void lx_shared_open(lua_State *L, lx_lane_t *ln) {
   luaL_newmetatable(L, LX_SHARED_MT);
@@ -477,16 +477,17 @@ void lx_shared_open(lua_State *L, lx_lane_t *ln) {
   }
   /* The FFI get replaces the C one where it can be had; if the chunk
    * fails, the C get stays. */
-  if (luaL_loadbuffer(L, lx__ffi_lua, (size_t)(lx__ffi_lua_end - lx__ffi_lua),
-                      "=moonport.shared.ffi") == 0) {
-    lua_pushvalue(L, -2);           /* methods */
-    lua_getfield(L, -3, "get");     /* the C get */
-    lua_pushvalue(L, -5);           /* the metatable, for errmsg_of */
-    lua_pushcclosure(L, lx__errmsg_of, 1);
-    if (lua_pcall(L, 3, 0, 0)) lua_pop(L, 1);
-  } else {
-    lua_pop(L, 1);
-  }
+  lx_embed_core_table(L, "shared");
+  lua_pushvalue(L, -2); /* methods */
+  lua_setfield(L, -2, "methods");
+  lua_getfield(L, -2, "get"); /* the C get */
+  lua_setfield(L, -2, "get");
+  lua_pushvalue(L, -3); /* the metatable, for errmsg_of */
+  lua_pushcclosure(L, lx__errmsg_of, 1);
+  lua_setfield(L, -2, "errmsg_of");
+  lua_pop(L, 1);
+  lua_pushcfunction(L, lx__require_shared);
+  if (lua_pcall(L, 0, 0, 0)) lua_pop(L, 1);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, lx_shared_gc);
   lua_setfield(L, -2, "__gc");

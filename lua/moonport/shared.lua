@@ -1,10 +1,12 @@
 -- mp.shared's get through LuaJIT's FFI, which compiles the call into the
 -- caller's trace (the C API's per-call cost was most of a get's time).
--- Run once per lane by lx_shared.c (built into the binary) with the
--- dictionary methods table and the C get; replaces methods.get by a Lua
--- function that calls moonport_shared_get, and keeps the C get where the
--- FFI can't be had. MOONPORT_SHARED_FFI=0 keeps the C get too.
-local methods, cget, errmsg_of = ...
+-- Required once per lane by lx_shared_open (src/lx/lx_shared.c), which puts
+-- the dictionary methods table, the C get and errmsg_of in core.shared;
+-- replaces methods.get by a Lua function that calls moonport_shared_get,
+-- and keeps the C get where the FFI can't be had (the module is then
+-- false). MOONPORT_SHARED_FFI=0 keeps the C get too.
+local core = require("moonport.core").shared
+local methods, cget, errmsg_of = core.methods, core.get, core.errmsg_of
 if os.getenv("MOONPORT_SHARED_FFI") == "0" then return false end
 local ok, ffi = pcall(require, "ffi")
 if not ok then return false end

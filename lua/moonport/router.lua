@@ -1,0 +1,287 @@
+-- mp.router(): routes requests to handlers by method and path, with :name
+-- and *splat parameters in req.params. Pure Lua (no server needed, see
+-- spec/lua/router_spec.lua); mounted as mp.http { on_request = r }.
+--
+-- Paths without parameters are one hash look-up; the others walk a tree of
+-- path segments (literal before :param before *splat, backtracking when a
+-- branch fails), so the cost depends on the path's depth, not on the
+-- number of routes. A trailing slash is ignored ("/a/" is "/a"), except
+-- for "/" itself. req.path is the decoded path, so "%2F" is a separator.
+local setmetatable, getmetatable, type, error, tostring, pairs, ipairs =
+  setmetatable, getmetatable, type, error, tostring, pairs, ipairs
+local concat, sort, byte, sub, find = table.concat, table.sort, string.byte, string.sub, string.find
+
+local SLASH = 47 -- "/"
+
+-- Registration errors are raised at the caller's line: the inner
+-- functions raise a table, and the public methods (wrapped by `public`)
+-- turn it into a message at level 2.
+local function raise(msg) error({ router_error = msg }, 0) end
+
+local function public(fn)
+  return function(...)
+    local ok, v = pcall(fn, ...)
+    if ok then return v end
+    if type(v) == "table" and v.router_error then error(v.router_error, 2) end
+    error(v, 0)
+  end
+end
+
+local M = {}
+local Router = {}
+Router.__index = Router
+
+local function new_node()
+  return { lit = {}, param = nil, splat = nil, ep = nil }
+end
+
+-- Endpoints hold the handlers of one pattern: ep.methods[METHOD] = fn,
+-- ep.any = fn for r:all, ep.names = the parameter names in order.
+local function new_ep(names)
+  return { methods = {}, any = nil, names = names, allow = nil }
+end
+
+local function strip(path)
+  local n = #path
+  if n > 1 and byte(path, n) == SLASH then return sub(path, 1, n - 1) end
+  return path
+end
+
+local function parse(pattern)
+  if type(pattern) ~= "string" or byte(pattern, 1) ~= SLASH then
+    raise("mp.router: a pattern is a string that starts with / (got " ..
+      tostring(pattern) .. ")")
+  end
+  local segs, names, dynamic = {}, {}, false
+  local p = strip(pattern)
+  if p == "/" then return segs, names, false end
+  local i = 2
+  while true do
+    local j = find(p, "/", i, true)
+    local seg = sub(p, i, (j or 0) - 1)
+    local c = byte(seg, 1)
+    if c == 58 then -- ":"
+      local name = sub(seg, 2)
+      if not name:match("^[%w_]+$") then
+        raise("mp.router: bad parameter '" .. seg .. "' in " .. pattern)
+      end
+      segs[#segs + 1] = { kind = "param" }
+      names[#names + 1] = name
+      dynamic = true
+    elseif c == 42 then -- "*"
+      if j then raise("mp.router: *splat must be last in " .. pattern) end
+      local name = sub(seg, 2)
+      if name == "" then name = "splat" end
+      if not name:match("^[%w_]+$") then
+        raise("mp.router: bad splat '" .. seg .. "' in " .. pattern)
+      end
+      segs[#segs + 1] = { kind = "splat" }
+      names[#names + 1] = name
+      dynamic = true
+    else
+      segs[#segs + 1] = { kind = "lit", text = seg }
+    end
+    if not j then break end
+    i = j + 1
+  end
+  return segs, names, dynamic
+end
+
+local function same_names(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+local function endpoint(self, pattern)
+  local segs, names, dynamic = parse(pattern)
+  local ep
+  if not dynamic then
+    local key = strip(pattern)
+    ep = self.static[key]
+    if not ep then
+      ep = new_ep(names)
+      self.static[key] = ep
+    end
+    return ep
+  end
+  local node = self.root
+  for k = 1, #segs do
+    local s = segs[k]
+    if s.kind == "lit" then
+      local nx = node.lit[s.text]
+      if not nx then
+        nx = new_node()
+        node.lit[s.text] = nx
+      end
+      node = nx
+    elseif s.kind == "param" then
+      node.param = node.param or new_node()
+      node = node.param
+    else
+      node.splat = node.splat or new_ep(names)
+      ep = node.splat
+    end
+  end
+  if not ep then
+    node.ep = node.ep or new_ep(names)
+    ep = node.ep
+  end
+  if not same_names(ep.names, names) then
+    raise("mp.router: " .. pattern .. " names its parameters differently " ..
+      "from a route already on the same path")
+  end
+  return ep
+end
+
+local function add(self, method, pattern, fn)
+  if type(fn) ~= "function" and not (type(fn) == "table" and getmetatable(fn)
+      and getmetatable(fn).__call) then
+    raise("mp.router: the handler of " .. tostring(pattern) ..
+      " must be a function (got " .. type(fn) .. ")")
+  end
+  local ep = endpoint(self, pattern)
+  if method == nil then
+    if ep.any then raise("mp.router: all " .. pattern .. " is already routed") end
+    ep.any = fn
+  else
+    if ep.methods[method] then
+      raise("mp.router: " .. method .. " " .. pattern .. " is already routed")
+    end
+    ep.methods[method] = fn
+  end
+  ep.allow = nil
+  return self
+end
+
+for _, m in ipairs({ "get", "post", "put", "patch", "delete", "head", "options" }) do
+  local METHOD = m:upper()
+  Router[m] = public(function(self, pattern, fn) return add(self, METHOD, pattern, fn) end)
+end
+
+-- r:all(pattern, fn): every method.
+Router.all = public(function(self, pattern, fn) return add(self, nil, pattern, fn) end)
+
+-- r:route(method, pattern, fn): any method by name ("PROPFIND", ...).
+Router.route = public(function(self, method, pattern, fn)
+  if type(method) ~= "string" or not method:match("^[%u]+$") then
+    raise("mp.router: a method is an upper-case token (got " .. tostring(method) .. ")")
+  end
+  return add(self, method, pattern, fn)
+end)
+
+-- r:not_found(fn): what answers a path no route has (default: 404).
+function Router:not_found(fn)
+  self.on_not_found = fn
+  return self
+end
+
+-- The walk: returns the endpoint and fills caps[1..n] with the captured
+-- segments, or nil. pos is where the next segment starts (after a "/").
+local function walk(node, path, pos, len, caps, n)
+  if pos > len then
+    if node.ep then return node.ep, n end
+    if node.splat then
+      caps[n + 1] = ""
+      return node.splat, n + 1
+    end
+    return nil
+  end
+  local j = find(path, "/", pos, true)
+  local last = j and j - 1 or len
+  local seg = sub(path, pos, last)
+  local nextpos = last + 2
+  local nx = node.lit[seg]
+  if nx then
+    local ep, m = walk(nx, path, nextpos, len, caps, n)
+    if ep then return ep, m end
+  end
+  if node.param and last >= pos then
+    caps[n + 1] = seg
+    local ep, m = walk(node.param, path, nextpos, len, caps, n + 1)
+    if ep then return ep, m end
+  end
+  if node.splat then
+    caps[n + 1] = sub(path, pos)
+    return node.splat, n + 1
+  end
+  return nil
+end
+
+-- The Allow value of a path: its methods (GET brings HEAD; OPTIONS is
+-- always answered), cached on the endpoint when one endpoint has the path.
+local function allow_of(a, b)
+  if a and not b and a.allow then return a.allow end
+  if b and not a and b.allow then return b.allow end
+  local set = { OPTIONS = true }
+  for _, ep in pairs({ a or false, b or false }) do
+    if ep then
+      for m in pairs(ep.methods) do set[m] = true end
+      if ep.methods.GET then set.HEAD = true end
+    end
+  end
+  local list = {}
+  for m in pairs(set) do list[#list + 1] = m end
+  sort(list)
+  local v = concat(list, ", ")
+  if not (a and b) then (a or b).allow = v end
+  return v
+end
+
+local function pick(ep, method)
+  return ep.methods[method] or (method == "HEAD" and ep.methods.GET) or ep.any
+end
+
+function Router:match(method, path)
+  local p = strip(path)
+  local sep = self.static[p]
+  if sep then
+    local fn = pick(sep, method)
+    if fn then return fn, {} end
+  end
+  -- a path with no static route, or whose static route lacks this method
+  -- (GET /users/new static, DELETE /users/:id dynamic)
+  local ep, n
+  if byte(p, 1) == SLASH then ep, n = walk(self.root, p, 2, #p, self.caps, 0) end
+  if ep then
+    local fn = pick(ep, method)
+    if fn then
+      local params, names, caps = {}, ep.names, self.caps
+      for i = 1, n do params[names[i]] = caps[i] end
+      return fn, params
+    end
+  end
+  if not sep and not ep then return nil, 404 end
+  return nil, 405, allow_of(sep, ep)
+end
+
+-- r(req, res): route one request (this is what on_request = r calls).
+function Router:__call(req, res)
+  local fn, params, allow = self:match(req.method, req.path)
+  if fn then
+    req.params = params
+    return fn(req, res)
+  end
+  if params == 404 then
+    local nf = self.on_not_found
+    if nf then return nf(req, res) end
+    return res:status(404):header("Content-Type", "text/plain"):send("Not Found\n")
+  end
+  res:header("Allow", allow)
+  if req.method == "OPTIONS" then return res:status(204):send() end
+  return res:status(405):header("Content-Type", "text/plain"):send("Method Not Allowed\n")
+end
+
+-- r:handler(): a plain function that routes (for APIs that want one).
+function Router:handler()
+  return function(req, res) return self(req, res) end
+end
+
+function M.new()
+  -- caps: scratch for the walk (one router runs on one lane, one walk at
+  -- a time: the walk never yields)
+  return setmetatable({ static = {}, root = new_node(), caps = {},
+    on_not_found = nil }, Router)
+end
+
+return M
