@@ -5,7 +5,7 @@ local H = require "spec.helper"
 
 local function sh(cmd)
   local out = os.tmpname()
-  local ok, how, code = os.execute(cmd .. " >" .. out .. " 2>&1")
+  local ok, _, code = os.execute(cmd .. " >" .. out .. " 2>&1")
   local text = H.read_file(out) or ""
   os.remove(out)
   -- LuaJIT's os.execute returns the raw status unless built with 5.2 compat

@@ -16,8 +16,7 @@ local FIXTURE = "pubsub_node.lua"
 -- /proc helpers
 ---------------------------------------------------------------------------
 
-local proc_stat, running, children, cmdline =
-  H.proc_stat, H.running, H.children, H.cmdline
+local running, children, cmdline = H.running, H.children, H.cmdline
 
 -- A counter of /proc/<pid>/io ("wchar": bytes the process passed to
 -- write(2) and writev(2), which is how the root sends frames to workers),
@@ -345,7 +344,7 @@ end
 -- different workers with -w.
 local function sub_and_pub(node, nsubs)
   nsubs = nsubs or 1
-  local subs, pub = {}, nil
+  local subs, pub = {}
   if node.workers > 1 then
     local list = node:one_per_worker(2)
     pub = list[2]

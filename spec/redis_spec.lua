@@ -695,11 +695,6 @@ local function line_client(node)
   return cl
 end
 
--- Canonical text of a string as redis_client.lua writes it.
-local function cs(s)
-  return '"' .. s:gsub('[%c"\\ \128-\255]', function(ch) return ("\\%03d"):format(ch:byte()) end) .. '"'
-end
-
 -- The canonical text (pubsub_node.lua's canon()) of the table that
 -- "pubtable" publishes, once it went through JSON.
 local TABLE_TEXT = '{"empty"="","list"={1=1,2="two",3={"three"=3}},"n"=42,"name"="moon",'
@@ -987,7 +982,7 @@ describe("redis", function()
       assert.equal(0, C.kill(A.srv:pid(), SIGSTOP))
       assert.equal(0, C.kill(B.srv:pid(), SIGSTOP))
       local ok, err = pcall(function()
-        rsrv = start_redis(P)
+        start_redis(P) -- H.cleanup stops it
         raw = assert(Resp.connect(P))
         raw:send("SUBSCRIBE", ch, qch)
         assert.same({ "subscribe", ch, 1, n = 3 }, raw:read())

@@ -290,7 +290,7 @@ describe("hot reload", function()
     local junk = app.dir .. "/junk.pid"
     write_file(junk, "hello\n")
     st, out, err = H.run { "--reload", junk }
-    assert.equal(1, st, err)
+    assert.equal(1, st, out .. err)
     l = H.one_line(err)
     assert.truthy(plain(l, junk), l)
 

@@ -15,7 +15,7 @@ describe("startup errors", function()
 
   it("missing script file", function()
     local script = H.fixture("does-not-exist.lua")
-    local st, out, err = H.run { script }
+    local st, _, err = H.run { script }
     assert.equal(1, st)
     local l = one_line(err)
     assert.is_true(plain(l, "does-not-exist.lua"), l)

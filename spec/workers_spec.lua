@@ -11,8 +11,8 @@ local socket = require "socket"
 -- /proc helpers
 ---------------------------------------------------------------------------
 
-local proc_stat, running, all_pids, children, cmdline =
-  H.proc_stat, H.running, H.all_pids, H.children, H.cmdline
+local running, all_pids, children, cmdline =
+  H.running, H.all_pids, H.children, H.cmdline
 
 -- Running processes whose command line runs a workers_* fixture on `port`
 -- (the root and its workers, whether or not they were re-executed).
@@ -202,9 +202,8 @@ end
 
 -- A worker pid's mp.worker(), from its "worker_start" stdout lines.
 local function worker_num(srv, pid)
-  for _, l in ipairs(srv:stdout_lines("^worker_start worker w=%d+ n=%d+ pid=" .. pid .. "$")) do
-    return tonumber(l:match(" w=(%d+) "))
-  end
+  local l = srv:stdout_lines("^worker_start worker w=%d+ n=%d+ pid=" .. pid .. "$")[1]
+  if l then return tonumber(l:match(" w=(%d+) ")) end
   error("no worker_start line from pid " .. pid .. ":\n" .. srv:stdout(), 2)
 end
 
