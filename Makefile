@@ -19,7 +19,7 @@ else
 endif
 CFLAGS  += $(BASE) $(OPT)
 LDFLAGS += $(OPT) -pthread -rdynamic
-LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lm -ldl
+LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lcares -lm -ldl
 
 OUT     := build/$(VARIANT)
 SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/http/*.c src/lx/*.c)
