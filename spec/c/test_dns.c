@@ -367,9 +367,17 @@ static void on_err(void *arg, int err, const dns_addr_t *a, size_t n,
   one_done();
 }
 
+/* AF_UNSPEC asks A and AAAA; the stub has only an A record. */
+static void on_unspec(void *arg, int err, const dns_addr_t *a, size_t n,
+                      uint32_t ttl) {
+  CHECK_EQ(err, 0);
+  CHECK(n == 1 && is_v4(&a[0], "10.0.0.4"));
+  one_done();
+}
+
 static void step_numeric(void) {
-  printf("-- numeric addresses, errors\n");
-  expect(5, step_ttl);
+  printf("-- numeric addresses, errors, AF_UNSPEC\n");
+  expect(6, step_ttl);
   dns_stats(g_d, &g_before);
   resolve(g_d, "192.0.2.7", AF_UNSPEC, 2000, on_num4, NULL);
   resolve(g_d, "::1", AF_UNSPEC, 2000, on_num6, NULL);
@@ -379,6 +387,7 @@ static void step_numeric(void) {
   dns_stats(g_d, &st);
   CHECK_EQ(st.queries, g_before.queries); /* none of those asked the server */
   resolve(g_d, "nx.test", AF_INET, 2000, on_err, (void *)(intptr_t)-ENOENT);
+  resolve(g_d, "other2.test", AF_UNSPEC, 2000, on_unspec, NULL);
   g_in_resolve = true;
   CHECK(dns_resolve(g_d, "", AF_INET, 0, on_must_not, NULL) == NULL);
   CHECK_EQ(errno, EINVAL);
