@@ -22,7 +22,7 @@ else
 endif
 CFLAGS  += $(BASE) $(OPT)
 LDFLAGS += $(OPT) -pthread -rdynamic
-LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lm -ldl
+LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lcares -lm -ldl
 
 OUT     := build/$(VARIANT)
 # The library below the binding: no Lua in it. The C unit tests link only
@@ -177,10 +177,12 @@ FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS  := -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) \
                 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
                 -fno-sanitize-recover=undefined
-FUZZ_BINS    := build/fuzz/fuzz_http1 build/fuzz/fuzz_ws
+FUZZ_BINS    := build/fuzz/fuzz_http1 build/fuzz/fuzz_ws build/fuzz/fuzz_http1_response
 
 build/fuzz/fuzz_http1: fuzz/fuzz_http1.c fuzz/fuzz_check.h src/http/http1.c src/http/http1.h
 build/fuzz/fuzz_ws: fuzz/fuzz_ws.c fuzz/fuzz_check.h src/http/ws.c src/http/ws.h
+build/fuzz/fuzz_http1_response: fuzz/fuzz_http1_response.c fuzz/fuzz_check.h \
+  src/http/http1_response.c src/http/http1_response.h src/http/http1.c src/http/http1.h
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^)
@@ -199,8 +201,16 @@ build/fuzz/diff_http1: fuzz/diff_http1.c src/http/http1.c src/http/http1.h
 	$(CC) -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) -o $@ \
 	  $(filter %.c,$^) -lhttp_parser
 
-test-diff: setup build/fuzz/diff_http1
+# The response parser against it in HTTP_RESPONSE mode, on its own seeds.
+build/fuzz/diff_http1_response: fuzz/diff_http1_response.c src/http/http1_response.c \
+  src/http/http1_response.h src/http/http1.c src/http/http1.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) -o $@ \
+	  $(filter %.c,$^) -lhttp_parser
+
+test-diff: setup build/fuzz/diff_http1 build/fuzz/diff_http1_response
 	@build/fuzz/diff_http1 fuzz/corpus/http1
+	@build/fuzz/diff_http1_response fuzz/corpus/http1_response
 
 clean:
 	rm -rf build
