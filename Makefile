@@ -64,7 +64,7 @@ $(BIN): $(LX_OBJS) $(OUT)/src/main.o $(CORE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $(LX_OBJS) $(OUT)/src/main.o $(CORE_LIB) $(LDLIBS)
 
 # C unit tests: the core library only, no LuaJIT.
-CORE_LDLIBS := -lhiredis -luring -lm -ldl
+CORE_LDLIBS := -lhiredis -luring -lcares -lm -ldl
 $(OUT)/unit/%: spec/c/%.c $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(CORE_LDLIBS)
