@@ -13,6 +13,10 @@ local concat, sort, byte, sub, find = table.concat, table.sort, string.byte, str
 
 local SLASH = 47 -- "/"
 
+-- table.new (LuaJIT 2.1) sizes req.params once instead of growing it
+local ok_tnew, tnew = pcall(require, "table.new")
+if not ok_tnew then tnew = function() return {} end end
+
 -- Registration errors are raised at the caller's line: the inner
 -- functions raise a table, and the public methods (wrapped by `public`)
 -- turn it into a message at level 2.
@@ -176,8 +180,11 @@ function Router:not_found(fn)
   return self
 end
 
--- The walk: returns the endpoint and fills caps[1..n] with the captured
--- segments, or nil. pos is where the next segment starts (after a "/").
+-- The walk, in DFS order (literal, then :param, then *splat, going back
+-- when a branch fails): returns the endpoint and fills caps[1..n] with the
+-- captured segments, or nil. pos is where the next segment starts (after
+-- a "/"). Recursive, so LuaJIT runs it in the interpreter: `greedy` below
+-- answers first, and this runs only when greedy's single path failed.
 local function walk(node, path, pos, len, caps, n)
   if pos > len then
     if node.ep then return node.ep, n end
@@ -204,6 +211,40 @@ local function walk(node, path, pos, len, caps, n)
   if node.splat then
     caps[n + 1] = sub(path, pos)
     return node.splat, n + 1
+  end
+  return nil
+end
+
+-- The first path of that DFS, without going back: when it finds an
+-- endpoint, it is the one the DFS finds first; nil means "ask walk". A
+-- tail call per segment rather than a loop: LuaJIT aborts a trace that
+-- starts in the request's functions and meets a loop ("inner loop in root
+-- trace"), which left the whole request path interpreted.
+local function greedy(node, path, pos, len, caps, n)
+  if pos > len then
+    local ep = node.ep
+    if ep then return ep, n end
+    ep = node.splat
+    if ep then
+      caps[n + 1] = ""
+      return ep, n + 1
+    end
+    return nil
+  end
+  local j = find(path, "/", pos, true)
+  local last = j and j - 1 or len
+  local seg = sub(path, pos, last)
+  local nx = node.lit[seg]
+  if nx then return greedy(nx, path, last + 2, len, caps, n) end
+  nx = node.param
+  if nx and last >= pos then
+    caps[n + 1] = seg
+    return greedy(nx, path, last + 2, len, caps, n + 1)
+  end
+  nx = node.splat
+  if nx then
+    caps[n + 1] = sub(path, pos)
+    return nx, n + 1
   end
   return nil
 end
@@ -242,12 +283,27 @@ function Router:match(method, path)
   -- a path with no static route, or whose static route lacks this method
   -- (GET /users/new static, DELETE /users/:id dynamic)
   local ep, n
-  if byte(p, 1) == SLASH then ep, n = walk(self.root, p, 2, #p, self.caps, 0) end
+  if byte(p, 1) == SLASH then
+    local caps, len = self.caps, #p
+    ep, n = greedy(self.root, p, 2, len, caps, 0)
+    if not ep then ep, n = walk(self.root, p, 2, len, caps, 0) end
+  end
   if ep then
     local fn = pick(ep, method)
     if fn then
-      local params, names, caps = {}, ep.names, self.caps
-      for i = 1, n do params[names[i]] = caps[i] end
+      -- no loop for the usual one to three parameters (see greedy)
+      local names, caps = ep.names, self.caps
+      local params = tnew(0, n)
+      if n > 0 then
+        params[names[1]] = caps[1]
+        if n > 1 then
+          params[names[2]] = caps[2]
+          if n > 2 then
+            params[names[3]] = caps[3]
+            if n > 3 then for i = 4, n do params[names[i]] = caps[i] end end
+          end
+        end
+      end
       return fn, params
     end
   end
