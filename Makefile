@@ -97,7 +97,7 @@ test-unit: $(UNIT)
 # reactor's direct-call path, used where io_uring is unavailable.
 test-direct: all
 	@MOONPORT_IO_URING=0 MOONPORT_BIN=$(abspath $(BIN)) bash scripts/run-specs \
-	  spec/echo_spec.lua spec/backpressure_spec.lua spec/http_spec.lua spec/ws_spec.lua spec/ready_spec.lua
+	  spec/e2e/echo_spec.lua spec/e2e/backpressure_spec.lua spec/e2e/http_spec.lua spec/e2e/ws_spec.lua spec/e2e/ready_spec.lua
 
 test-spec: all
 	@MOONPORT_BIN=$(abspath $(BIN)) bash scripts/run-specs

@@ -324,7 +324,7 @@ H.sanitizer_patterns = {
 local Server = {}
 Server.__index = Server
 
--- "spec/x_spec.lua:12" of the spec line that started a process.
+-- "spec/e2e/x_spec.lua:12" of the spec line that started a process.
 local function spec_caller()
   for level = 3, 20 do
     local info = debug.getinfo(level, "Sl")
@@ -397,7 +397,7 @@ function Server:stdout() return H.read_file(self.out_path) or "" end
 -- io.stderr:write). The specs match messages in the form "moonport: the
 -- message", so Server:stderr() gives each well-formed line that way; a
 -- line not in the format is left as it is (and fails such a match).
--- Server:raw_stderr() is the text as written; spec/log_spec.lua checks it.
+-- Server:raw_stderr() is the text as written; spec/e2e/log_spec.lua checks it.
 local LOG_LEVELS = { error = true, warn = true, info = true, debug = true }
 function H.log_fields(line)
   local ts, level, who, pid, source, msg = line:match(

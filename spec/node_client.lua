@@ -1,5 +1,5 @@
--- The methods both pub/sub specs' clients share (spec/pubsub_spec.lua and
--- spec/redis_spec.lua talk to spec/fixtures/pubsub_node.lua): reading,
+-- The methods both pub/sub specs' clients share (spec/e2e/pubsub_spec.lua and
+-- spec/e2e/redis_spec.lua talk to spec/fixtures/pubsub_node.lua): reading,
 -- waiting, the request/reply commands and collecting deliveries. Each spec
 -- keeps its own _parse, reply and cmd (what it records differs).
 -- Usage: require("spec.node_client")(Client)

@@ -1,6 +1,6 @@
 'use strict';
 // Two Chromium pages (playwright-core driving Debian's /usr/bin/chromium)
-// chat through examples/chat; for spec/chat_browser_spec.lua.
+// chat through examples/chat; for spec/e2e/chat_browser_spec.lua.
 //   node chat_browser.js CHAT_PORT GO_FILE [SSE_PORT]
 // 1. Both pages load and connect; bob's page is reloaded until the two
 //    are on different workers, as the server's welcome lines say

@@ -1,5 +1,5 @@
 'use strict';
-// Server-sent events cases for spec/sse_spec.lua, read with node's own
+// Server-sent events cases for spec/e2e/sse_spec.lua, read with node's own
 // http client and an event-stream parser that follows the HTML standard's
 // rules (fields, multi-line data, comments, CR/LF/CRLF line ends):
 //   node sse_cases.js PORT CASE [ARGS...]

@@ -1,5 +1,5 @@
 'use strict';
-// WebSocket cases for spec/ws_node_spec.lua, run with the npm `ws` client
+// WebSocket cases for spec/e2e/ws_node_spec.lua, run with the npm `ws` client
 // against spec/fixtures/ws_node_app.lua:
 //   node ws_cases.js PORT CASE [ARGS...]
 // Each case prints JSON lines (one object each) that the spec asserts on,

@@ -4,7 +4,7 @@
 -- split once for the app and the static lookup, an access-log line that
 -- keeps every field when the target is huge, and a chunk-size line whose
 -- leading zeros count against its limit. (The Redis use-after-free is in
--- spec/redis_spec.lua, with the client fixture it needs.)
+-- spec/e2e/redis_spec.lua, with the client fixture it needs.)
 local H = require "spec.helper"
 local cjson = require "cjson"
 

@@ -1,7 +1,7 @@
 -- Spec: server-sent events (res:sse) read by a client we did not write:
 -- node's http module under spec/node/sse_cases.js, which parses the
 -- event stream by the HTML standard's rules, against
--- spec/fixtures/ws_node_app.lua. (spec/chat_browser_spec.lua also checks
+-- spec/fixtures/ws_node_app.lua. (spec/e2e/chat_browser_spec.lua also checks
 -- Chromium's EventSource reconnecting with Last-Event-ID.)
 local H = require "spec.helper"
 local JS = require "spec.js"
