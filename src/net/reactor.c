@@ -549,7 +549,7 @@ static int conn__write(conn_t *c, const void *data, size_t len,
       rc = sock_wq_push_ref(&c->wq, p, len, release, ctx, ctx2);
     else
       rc = sock_wq_push_copy(&c->wq, p, len);
-    if (rc) goto fail;
+    if (rc) return rc; /* the push released the reference */
     net_uring_send_later(c->r->uring, &c->io);
     return 0;
   }
@@ -578,7 +578,7 @@ static int conn__write(conn_t *c, const void *data, size_t len,
     rc = sock_wq_push_ref(&c->wq, p, len, release, ctx, ctx2);
   else
     rc = sock_wq_push_copy(&c->wq, p, len);
-  if (rc) goto fail;
+  if (rc) return rc; /* the push released the reference */
   /* More for a connection on the batch list goes out with the rest; it
    * is a backlog only past the write limit. */
   if (!net_uring_queued(&c->io) || c->wq.bytes > c->write_limit)
