@@ -1188,8 +1188,10 @@ static void prefetch__lost(net_uring_io_t *io) {
 }
 
 /* One batched send's result: like conn__flush after its write. */
-static void batch__done(net_uring_io_t *io, int res, bool whole) {
+static void batch__done(void *tag, int res, void *arg) {
+  net_uring_io_t *io = tag;
   conn_t *c = conn__of(io);
+  (void)arg;
   if (c->flags & F_DEAD) return;
   if (res == NET_URING_DIRECT) { /* a file first, or the ring was full */
     if (c->wq.head) conn__flush(c);
@@ -1204,7 +1206,7 @@ static void batch__done(net_uring_io_t *io, int res, bool whole) {
     /* A full socket brings a write event once it drains; anything else
      * left (more pieces than one send carries, a file) goes out now. */
     conn__after_queue(c);
-    if (whole) {
+    if (res >= 0 && (size_t)res == io->sent) {
       conn__flush(c);
       return;
     }

@@ -17,13 +17,6 @@
 /* Reads ahead per epoll_wait. */
 #define URING_READ_SLOTS 128
 
-struct net_uring {
-  net_batch_t *batch;
-  net_uring_io_t *send_head, *send_tail;
-  char *slots;             /* URING_READ_SLOTS reads, allocated on first use */
-  unsigned nread;          /* reads queued since the last run */
-  net_uring_io_t *ahead;   /* the ios read ahead in this iteration */
-};
 
 net_uring_t *net_uring_new(void) {
   net_uring_t *u = calloc(1, sizeof(*u));
@@ -60,41 +53,7 @@ void net_uring_io_deinit(net_uring_io_t *io) {
 
 /* ---- the send list ---- */
 
-void net_uring_send_later(net_uring_t *u, net_uring_io_t *io) {
-  io->queued = true;
-  io->next = NULL;
-  io->prev = u->send_tail;
-  if (u->send_tail)
-    u->send_tail->next = io;
-  else
-    u->send_head = io;
-  u->send_tail = io;
-}
-
-void net_uring_send_cancel(net_uring_t *u, net_uring_io_t *io) {
-  if (io->prev)
-    io->prev->next = io->next;
-  else
-    u->send_head = io->next;
-  if (io->next)
-    io->next->prev = io->prev;
-  else
-    u->send_tail = io->prev;
-  io->prev = io->next = NULL;
-  io->queued = false;
-}
-
-bool net_uring_has_sends(const net_uring_t *u) { return u->send_head != NULL; }
-
-typedef void (*uring_done_fn)(net_uring_io_t *io, int res, bool whole);
-
-static void uring__sent(void *tag, int res, void *arg) {
-  net_uring_io_t *io = tag;
-  uring_done_fn done = *(uring_done_fn *)arg;
-  done(io, res, res >= 0 && (size_t)res == io->sent);
-}
-
-void net_uring_send_all(net_uring_t *u, uring_done_fn done) {
+void net_uring_send_all(net_uring_t *u, net_uring_done_fn done) {
   while (u->send_head) {
     net_uring_io_t *io = u->send_head;
     net_uring_send_cancel(u, io);
@@ -102,19 +61,19 @@ void net_uring_send_all(net_uring_t *u, uring_done_fn done) {
     size_t total = 0;
     int cnt = sock_wq_iov(io->wq, iov, NET_BATCH_IOV, &total);
     if (cnt == 0) { /* flushed meanwhile, or a file first */
-      done(io, NET_URING_DIRECT, false);
+      done(io, NET_URING_DIRECT, NULL);
       continue;
     }
     io->sent = total;
     if (!net_batch_send(u->batch, io->fd, iov, cnt, io)) {
-      net_batch_run(u->batch, uring__sent, &done);
+      net_batch_run(u->batch, done, NULL);
       if (!net_batch_send(u->batch, io->fd, iov, cnt, io)) {
-        done(io, NET_URING_DIRECT, false);
+        done(io, NET_URING_DIRECT, NULL);
         continue;
       }
     }
   }
-  net_batch_run(u->batch, uring__sent, &done);
+  net_batch_run(u->batch, done, NULL);
 }
 
 /* ---- reads ahead ---- */
@@ -148,15 +107,7 @@ void net_uring_read_run(net_uring_t *u) {
   net_batch_run(u->batch, uring__read, NULL);
 }
 
-int net_uring_read_take(net_uring_io_t *io, const char **data, char **own) {
-  io->preread = false;
-  *data = io->data;
-  *own = io->own;
-  io->own = NULL;
-  return io->res;
-}
-
-void net_uring_read_end(net_uring_t *u, void (*fail)(net_uring_io_t *io)) {
+void net_uring__read_end(net_uring_t *u, void (*fail)(net_uring_io_t *io)) {
   net_uring_io_t *io = u->ahead;
   u->ahead = NULL;
   u->nread = 0;

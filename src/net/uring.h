@@ -54,6 +54,17 @@ struct net_uring_io {
   char *own;                   /* a result kept past its iteration */
 };
 
+/* The reactor's part. Its fields are the module's; they are here only so
+ * that the calls made once per write or read below can be inline (the
+ * reactor's hot path paid no call for them before they moved here). */
+struct net_uring {
+  struct net_batch *batch;
+  net_uring_io_t *send_head, *send_tail;
+  char *slots;           /* the reads' buffer, allocated on first use */
+  unsigned nread;        /* reads queued since the last net_uring_read_end */
+  net_uring_io_t *ahead; /* the ios read ahead in this iteration */
+};
+
 /* The reactor's ring, or NULL with errno: ENOTSUP for
  * MOONPORT_IO_URING=0, else why io_uring can't be used. Reactor thread. */
 net_uring_t *net_uring_new(void);
@@ -71,26 +82,52 @@ static inline bool net_uring_queued(const net_uring_io_t *io) {
   return io->queued;
 }
 /* Puts io on the send list (it must not be on it). */
-void net_uring_send_later(net_uring_t *u, net_uring_io_t *io);
+static inline void net_uring_send_later(net_uring_t *u, net_uring_io_t *io) {
+  io->queued = true;
+  io->next = NULL;
+  io->prev = u->send_tail;
+  if (u->send_tail)
+    u->send_tail->next = io;
+  else
+    u->send_head = io;
+  u->send_tail = io;
+}
 /* Takes io off the send list (it must be on it). */
-void net_uring_send_cancel(net_uring_t *u, net_uring_io_t *io);
+static inline void net_uring_send_cancel(net_uring_t *u, net_uring_io_t *io) {
+  if (io->prev)
+    io->prev->next = io->next;
+  else
+    u->send_head = io->next;
+  if (io->next)
+    io->next->prev = io->prev;
+  else
+    u->send_tail = io->prev;
+  io->prev = io->next = NULL;
+  io->queued = false;
+}
 /* Whether the send list holds anything. */
-bool net_uring_has_sends(const net_uring_t *u);
+static inline bool net_uring_has_sends(const net_uring_t *u) {
+  return u->send_head != NULL;
+}
 
 /* Result given to done when the ring could not take an io's send (its
  * queue starts with a file, or is empty, or the ring failed to queue it):
  * the caller writes it directly. Never a byte count or an errno. */
 #define NET_URING_DIRECT INT32_MIN
 
+/* A send's result: `io` is the net_uring_io_t (void * so that the ring
+ * calls it directly, with no step in between); res is the bytes sent, a
+ * negative errno (-EAGAIN: the socket is full) or NET_URING_DIRECT; the
+ * send carried everything it was given when res == io->sent; arg is
+ * unused (NULL). */
+typedef void (*net_uring_done_fn)(void *io, int res, void *arg);
+
 /* Sends the memory packets at the head of every listed queue (up to
- * NET_BATCH_IOV pieces each), emptying the list, then calls done(io, res,
- * whole) for each in list order: res is the bytes sent or a negative
- * errno (-EAGAIN: the socket is full), or NET_URING_DIRECT; `whole` says
- * the send carried everything it was given. done may cancel or kill other
- * ios (their done still comes; the caller checks) but must not put any on
- * the list. The queue is not consumed: done does that. */
-void net_uring_send_all(net_uring_t *u,
-                        void (*done)(net_uring_io_t *io, int res, bool whole));
+ * NET_BATCH_IOV pieces each), emptying the list, then calls done for each
+ * in list order. done may cancel or kill other ios (their done still
+ * comes; the caller checks) but must not put any on the list. The queue
+ * is not consumed: done does that. */
+void net_uring_send_all(net_uring_t *u, net_uring_done_fn done);
 
 /* ---- reads ahead ---- */
 
@@ -109,7 +146,14 @@ static inline bool net_uring_read_ready(const net_uring_io_t *io) {
  * errno; *data gets the bytes (valid until the end of the iteration, or
  * until *own is freed); *own gets memory the caller now owns (free it
  * after using *data; NULL when the bytes are in a slot). */
-int net_uring_read_take(net_uring_io_t *io, const char **data, char **own);
+static inline int net_uring_read_take(net_uring_io_t *io, const char **data,
+                                      char **own) {
+  io->preread = false;
+  *data = io->data;
+  *own = io->own;
+  io->own = NULL;
+  return io->res;
+}
 /* Forgets a waiting result (the connection is dying); a copy it owns goes
  * with net_uring_io_deinit. */
 static inline void net_uring_read_drop(net_uring_io_t *io) {
@@ -119,6 +163,10 @@ static inline void net_uring_read_drop(net_uring_io_t *io) {
  * yet is copied out of the slots (which the next run reuses). When that
  * copy can't be allocated the result is dropped and fail(io) is called
  * (the caller closes the connection: bytes were lost). */
-void net_uring_read_end(net_uring_t *u, void (*fail)(net_uring_io_t *io));
+void net_uring__read_end(net_uring_t *u, void (*fail)(net_uring_io_t *io));
+static inline void net_uring_read_end(net_uring_t *u,
+                                      void (*fail)(net_uring_io_t *io)) {
+  if (u->ahead) net_uring__read_end(u, fail); /* most iterations read none */
+}
 
 #endif
