@@ -17,7 +17,6 @@
 /* Reads ahead per epoll_wait. */
 #define URING_READ_SLOTS 128
 
-
 net_uring_t *net_uring_new(void) {
   net_uring_t *u = calloc(1, sizeof(*u));
   if (!u) return NULL;
