@@ -14,8 +14,8 @@
 
 #include "core/defer.h"
 #include "core/log.h"
-#include "net/batch.h"
 #include "net/poll.h"
+#include "net/uring.h"
 
 /* What an epoll event points at: the first member of each pollable. */
 enum { KIND_CONN = 1, KIND_LISTENER, KIND_MAILBOX, KIND_LINGER, KIND_WATCH };
@@ -50,10 +50,7 @@ enum {
   F_WROTE = 1u << 10,       /* the queue was non-empty: on_ready when drained */
   F_PEER_HUP = 1u << 11,    /* the peer shut down: read to EOF */
   F_ZOMBIE = 1u << 12,      /* dead, waiting for hold == 0, on zombie list */
-  F_BATCHED = 1u << 13,     /* on the batch list: its queue goes out with the
-                               loop iteration's other writes */
-  F_PREREAD = 1u << 14,     /* a read's result waits in pre_* (see prefetch) */
-  F_ACCEPTED = 1u << 15,    /* a server connection: counted open (stats) */
+  F_ACCEPTED = 1u << 13,    /* a server connection: counted open (stats) */
 };
 
 /* Events that wait while the connection is held. */
@@ -92,16 +89,9 @@ struct conn {
   sock_wq_t wq;
   conn_t *prev, *next;   /* live list, or zombie list once dead */
   conn_t *pending_next;  /* pending list */
-  conn_t *batch_prev, *batch_next; /* batch list (F_BATCHED) */
-  size_t batch_sent; /* bytes its batched send carried */
-  /* F_PREREAD: a read done ahead in the batch: its result (bytes, 0 for
-   * EOF or a negative errno), its bytes (in the reactor's prefetch buffer,
-   * or in pre_own when kept past the iteration) and the buffer's size. */
-  int pre_res;
-  const char *pre_data;
-  size_t pre_cap;
-  char *pre_own;
-  conn_t *pre_next;
+  /* Its part of the io_uring batching (net/uring.h): on the send list, a
+   * read done ahead. Untouched on the direct path. */
+  net_uring_io_t io;
   mp_timer_t *connect_timer;
   conn_task_t *tasks, *tasks_tail; /* reactor_conn_task, in order */
 };
@@ -159,32 +149,24 @@ struct reactor {
   void (*stop_hook)(reactor_t *r, void *arg);
   void *stop_arg;
   char *rbuf;
-  /* Writes of connections whose queue was empty wait on the batch list
-   * until the end of the loop iteration, then go out in one system call
-   * (net/batch.h); NULL batch: each write is a write(2) at once. */
-  net_batch_t *batch;
+  /* Writes of connections whose queue was empty wait on uring's send list
+   * until the end of the loop iteration, then go out in one system call,
+   * and the reads of one epoll_wait are done ahead in one (net/uring.h);
+   * NULL: each read and write is its own system call, at once. */
+  net_uring_t *uring;
+  bool uring_tried;
   stats_slot_t *stats; /* the lane's counters, or NULL */
-  bool batch_tried;
-  conn_t *batch_head, *batch_tail;
   /* The write-queue packets of this reactor's connections (net/sock.h):
    * written packets wait here for the next write instead of going back to
    * malloc. Emptied by the sweep once a second passes without a write. */
   sock_pool_t pool;
   uint64_t pool_seen; /* pool hits + misses at the last sweep */
-  char *pbuf;         /* REACTOR_PREFETCH_SLOTS reads ahead of their events */
-  conn_t *pre_head;   /* the connections read ahead in this iteration */
 };
 
-/* Operations per io_uring submission: a fan-out to this many connections
- * of a lane goes out in one system call. */
-#define REACTOR_BATCH_ENTRIES 1024
-
-/* Writes up to this size wait for the end of the iteration (see batch). */
-#define REACTOR_BATCH_MAX ((size_t)16 * 1024)
-
-/* Reads ahead: how many sockets, and how many bytes of each. */
-#define REACTOR_PREFETCH_SLOTS 128
-#define REACTOR_PREFETCH_SIZE ((size_t)4096)
+/* The connection an io belongs to. */
+static inline conn_t *conn__of(net_uring_io_t *io) {
+  return (conn_t *)((char *)io - offsetof(conn_t, io));
+}
 
 static const char *const reason_names[] = {"peer", "error", "timeout",
                                            "shutdown", "local"};
@@ -244,7 +226,7 @@ static void conn__drop_tasks(conn_t *c) {
 
 static void conn__free(conn_t *c) {
   conn__drop_tasks(c);
-  free(c->pre_own);
+  net_uring_io_deinit(&c->io);
   if (c->flags & F_ZOMBIE) list__unlink(&c->r->zombies, c);
   free(c->connect_timer);
   free(c);
@@ -291,45 +273,17 @@ static void linger__start(reactor_t *r, int fd) {
   r->lingers = lg;
 }
 
-/* ---- the batch list: writes that go out at the end of the iteration ---- */
-
-static void batch__add(conn_t *c) {
-  reactor_t *r = c->r;
-  c->flags |= F_BATCHED;
-  c->batch_next = NULL;
-  c->batch_prev = r->batch_tail;
-  if (r->batch_tail)
-    r->batch_tail->batch_next = c;
-  else
-    r->batch_head = c;
-  r->batch_tail = c;
-}
-
-static void batch__remove(conn_t *c) {
-  reactor_t *r = c->r;
-  if (c->batch_prev)
-    c->batch_prev->batch_next = c->batch_next;
-  else
-    r->batch_head = c->batch_next;
-  if (c->batch_next)
-    c->batch_next->batch_prev = c->batch_prev;
-  else
-    r->batch_tail = c->batch_prev;
-  c->batch_prev = c->batch_next = NULL;
-  c->flags &= ~F_BATCHED;
-}
-
 /* The fd goes now; the last callback and the free come from the pending
  * list once nothing holds the connection. */
 static void conn__kill(conn_t *c, int reason) {
   if (c->flags & F_DEAD) return;
   reactor_t *r = c->r;
-  c->flags &= ~F_PREREAD;
-  if (c->flags & F_BATCHED) {
+  net_uring_read_drop(&c->io);
+  if (net_uring_queued(&c->io)) {
     /* Its writes were due at the end of the iteration; what was written
      * before a close goes to the kernel first, as a direct write would
      * have. */
-    batch__remove(c);
+    net_uring_send_cancel(r->uring, &c->io);
     if (c->flags & F_OPEN) (void)sock_wq_flush(c->fd, &c->wq);
   }
   if (!(c->flags & F_CLOSING) || reason == CONN_ERROR) c->reason = reason;
@@ -379,14 +333,10 @@ static void conn__read(conn_t *c) {
     size_t cap = REACTOR_READ_CHUNK;
     char *own = NULL;
     ssize_t n;
-    if (c->flags & F_PREREAD) { /* read already, with the batch */
-      c->flags &= ~F_PREREAD;
-      buf = c->pre_data;
-      cap = c->pre_cap;
-      own = c->pre_own;
-      c->pre_own = NULL;
-      n = c->pre_res;
-      if (n < 0) errno = -c->pre_res, n = -1;
+    if (net_uring_read_ready(&c->io)) { /* read already, with the batch */
+      cap = NET_URING_READ_SIZE;
+      n = net_uring_read_take(&c->io, &buf, &own);
+      if (n < 0) errno = (int)-n, n = -1;
     } else {
       n = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
     }
@@ -575,11 +525,11 @@ static int conn__write(conn_t *c, const void *data, size_t len,
     goto fail;
   }
   stats_add(c->r->stats, STAT_BYTES_OUT, len);
-  if ((c->flags & F_BATCHED) && c->wq.bytes + len > REACTOR_BATCH_MAX) {
+  if (net_uring_queued(&c->io) && c->wq.bytes + len > NET_URING_SEND_MAX) {
     /* Past what a batch carries: what waits goes out now, directly, and
      * this write after it, so bulk output never piles up in memory until
      * the end of the iteration (nor counts against max_queue there). */
-    batch__remove(c);
+    net_uring_send_cancel(c->r->uring, &c->io);
     conn__flush(c);
     if (c->flags & F_DEAD) {
       rc = -EPIPE;
@@ -594,13 +544,13 @@ static int conn__write(conn_t *c, const void *data, size_t len,
   bool empty = c->wq.bytes == 0 && !c->wq.head && (c->flags & F_OPEN);
   /* Small writes wait for the batch; a large one gains little from it and
    * goes out at once (as much as the socket takes), uncopied. */
-  if (empty && c->r->batch && len <= REACTOR_BATCH_MAX) {
+  if (empty && c->r->uring && len <= NET_URING_SEND_MAX) {
     if (release)
       rc = sock_wq_push_ref(&c->wq, p, len, release, ctx, ctx2);
     else
       rc = sock_wq_push_copy(&c->wq, p, len);
-    if (rc) goto fail;
-    batch__add(c);
+    if (rc) return rc; /* the push released the reference */
+    net_uring_send_later(c->r->uring, &c->io);
     return 0;
   }
   if (empty) {
@@ -628,10 +578,10 @@ static int conn__write(conn_t *c, const void *data, size_t len,
     rc = sock_wq_push_ref(&c->wq, p, len, release, ctx, ctx2);
   else
     rc = sock_wq_push_copy(&c->wq, p, len);
-  if (rc) goto fail;
+  if (rc) return rc; /* the push released the reference */
   /* More for a connection on the batch list goes out with the rest; it
    * is a backlog only past the write limit. */
-  if (!(c->flags & F_BATCHED) || c->wq.bytes > c->write_limit)
+  if (!net_uring_queued(&c->io) || c->wq.bytes > c->write_limit)
     conn__after_queue(c);
   return 0;
 fail:
@@ -766,6 +716,7 @@ static conn_t *conn__new(reactor_t *r, int fd, const proto_t *proto,
   c->max_queue = opts.max_queue ? opts.max_queue : REACTOR_DEFAULT_MAX_QUEUE;
   c->last_active = r->now;
   sock_wq_init_pooled(&c->wq, &r->pool);
+  net_uring_io_init(&c->io, fd, &c->wq);
   c->uuid = sock_uuid_open(fd, r->index, c);
   if (!c->uuid) {
     free(c);
@@ -1092,8 +1043,7 @@ void reactor_free(reactor_t *r) {
   defer_queue_deinit(&r->mailbox);
   defer_queue_deinit(&r->local);
   poll_free(r->poller);
-  net_batch_free(r->batch);
-  free(r->pbuf);
+  net_uring_free(r->uring);
   free(r->rbuf);
   sock_pool_deinit(&r->pool);
   free(r);
@@ -1213,67 +1163,40 @@ static void reactor__event(reactor_t *r, poll_event_t *ev) {
   }
 }
 
-/* ---- reading ahead: the sockets of one epoll_wait in one system call ---- */
-
-static void prefetch__done(void *tag, int res, void *arg) {
-  conn_t *c = tag;
-  (void)arg;
-  c->pre_res = res;
-}
+/* ---- io_uring: reads ahead and the send list (net/uring.h) ---- */
 
 /* Reads each connection the events report readable (and that could read
- * now) into a slot of the prefetch buffer; conn__read takes the result
- * instead of calling read(2). */
+ * now) ahead, all in one system call; conn__read takes the result instead
+ * of calling read(2). */
 static void reactor__prefetch(reactor_t *r, const poll_event_t *ev, int n) {
-  if (!r->pbuf) {
-    r->pbuf = malloc(REACTOR_PREFETCH_SLOTS * REACTOR_PREFETCH_SIZE);
-    if (!r->pbuf) return;
-  }
-  unsigned k = 0;
-  for (int i = 0; i < n && k < REACTOR_PREFETCH_SLOTS; i++) {
+  bool any = false;
+  for (int i = 0; i < n; i++) {
     if (*(int *)ev[i].ptr != KIND_CONN || !(ev[i].flags & POLL_READ)) continue;
     conn_t *c = ev[i].ptr;
-    if ((c->flags & (F_PREREAD | F_CONNECTING)) || !conn__can_read(c)) continue;
-    char *slot = r->pbuf + (size_t)k * REACTOR_PREFETCH_SIZE;
-    if (!net_batch_recv(r->batch, c->fd, slot, REACTOR_PREFETCH_SIZE, c)) break;
-    c->flags |= F_PREREAD;
-    c->pre_data = slot;
-    c->pre_cap = REACTOR_PREFETCH_SIZE;
-    c->pre_res = -ECANCELED;
-    c->pre_next = r->pre_head;
-    r->pre_head = c;
-    k++;
+    if (net_uring_read_ready(&c->io) || (c->flags & F_CONNECTING) ||
+        !conn__can_read(c))
+      continue;
+    if (!net_uring_read_ahead(r->uring, &c->io)) break;
+    any = true;
   }
-  if (k) net_batch_run(r->batch, prefetch__done, NULL);
+  if (any) net_uring_read_run(r->uring);
 }
 
-/* After the events: a read ahead that its connection could not take yet
- * (a callback paused or held it meanwhile) moves out of the prefetch
- * buffer, which the next iteration reuses. */
-static void reactor__prefetch_end(reactor_t *r) {
-  for (conn_t *c = r->pre_head, *next; c; c = next) {
-    next = c->pre_next;
-    c->pre_next = NULL;
-    if (!(c->flags & F_PREREAD) || c->pre_own) continue;
-    if (c->pre_res > 0) {
-      c->pre_own = malloc((size_t)c->pre_res);
-      if (!c->pre_own) {
-        c->flags &= ~F_PREREAD;
-        conn__kill(c, CONN_ERROR);
-        continue;
-      }
-      memcpy(c->pre_own, c->pre_data, (size_t)c->pre_res);
-      c->pre_data = c->pre_own;
-    }
-  }
-  r->pre_head = NULL;
+/* A read ahead that could not be kept: its bytes are lost. */
+static void prefetch__lost(net_uring_io_t *io) {
+  conn__kill(conn__of(io), CONN_ERROR);
 }
 
 /* One batched send's result: like conn__flush after its write. */
 static void batch__done(void *tag, int res, void *arg) {
-  conn_t *c = tag;
+  net_uring_io_t *io = tag;
+  conn_t *c = conn__of(io);
   (void)arg;
   if (c->flags & F_DEAD) return;
+  if (res == NET_URING_DIRECT) { /* a file first, or the ring was full */
+    if (c->wq.head) conn__flush(c);
+    return;
+  }
   if (res < 0 && res != -EAGAIN && res != -EINTR) {
     conn__kill(c, res == -ECONNRESET || res == -EPIPE ? CONN_PEER : CONN_ERROR);
     return;
@@ -1283,7 +1206,7 @@ static void batch__done(void *tag, int res, void *arg) {
     /* A full socket brings a write event once it drains; anything else
      * left (more pieces than one send carries, a file) goes out now. */
     conn__after_queue(c);
-    if (res >= 0 && (size_t)res == c->batch_sent) {
+    if (res >= 0 && (size_t)res == io->sent) {
       conn__flush(c);
       return;
     }
@@ -1291,48 +1214,22 @@ static void batch__done(void *tag, int res, void *arg) {
   conn__wrote(c, !c->wq.head);
 }
 
-/* Sends what the iteration wrote to connections on the batch list. */
-static void reactor__flush_batch(reactor_t *r) {
-  while (r->batch_head) {
-    conn_t *c = r->batch_head;
-    batch__remove(c);
-    if (c->flags & F_DEAD) continue;
-    struct iovec iov[NET_BATCH_IOV];
-    size_t total = 0;
-    int cnt = sock_wq_iov(&c->wq, iov, NET_BATCH_IOV, &total);
-    if (cnt == 0) {      /* flushed meanwhile, or a file first */
-      if (c->wq.head) conn__flush(c);
-      continue;
-    }
-    c->batch_sent = total;
-    if (!net_batch_send(r->batch, c->fd, iov, cnt, c)) {
-      net_batch_run(r->batch, batch__done, NULL);
-      if (!net_batch_send(r->batch, c->fd, iov, cnt, c)) {
-        conn__flush(c);
-        continue;
-      }
-    }
-  }
-  net_batch_run(r->batch, batch__done, NULL);
-}
-
 int reactor_run(reactor_t *r) {
   poll_event_t ev[256];
   r->now = reactor_clock_ms();
   timer_start(&r->timers, &r->sweep, r->now, 1000, 1000, 0, reactor__sweep,
               NULL, r);
-  if (!r->batch_tried) { /* here: the ring belongs to the running thread */
-    r->batch_tried = true;
-    r->batch = net_batch_new(REACTOR_BATCH_ENTRIES);
-    if (!r->batch && errno == ENOMEM) /* a tight memory limit: a smaller ring */
-      r->batch = net_batch_new(256);
+  if (!r->uring_tried) { /* here: the ring belongs to the running thread */
+    r->uring_tried = true;
+    r->uring = net_uring_new();
     static atomic_bool told;
-    if (!r->batch && errno != ENOTSUP && !atomic_exchange(&told, true))
+    if (!r->uring && errno != ENOTSUP && !atomic_exchange(&told, true))
       log_info("io_uring unavailable (%s): each read and write is its own "
                "system call", strerror(errno));
   }
   for (;;) {
-    if (r->batch_head) reactor__flush_batch(r);
+    if (r->uring && net_uring_has_sends(r->uring))
+      net_uring_send_all(r->uring, batch__done);
     int wait = -1;
     if (r->pend_head || r->more_tasks || r->local_pushed) {
       wait = 0;
@@ -1347,12 +1244,13 @@ int reactor_run(reactor_t *r) {
     int n = poll_wait(r->poller, ev, 256, wait);
     if (n < 0) return n;
     r->now = reactor_clock_ms();
-    if (r->batch && n > 1) reactor__prefetch(r, ev, n);
+    if (r->uring && n > 1) reactor__prefetch(r, ev, n);
     for (int i = 0; i < n; i++) reactor__event(r, &ev[i]);
-    if (r->pre_head) reactor__prefetch_end(r);
+    if (r->uring) net_uring_read_end(r->uring, prefetch__lost);
     reactor__drain_pending(r);
     /* The answers go out before the timers run (one may run long). */
-    if (r->batch_head) reactor__flush_batch(r);
+    if (r->uring && net_uring_has_sends(r->uring))
+      net_uring_send_all(r->uring, batch__done);
     timer_heap_run(&r->timers, r->now);
     /* A queue left non-empty sends no new wake-up: poll without waiting. */
     r->local_pushed = false;
@@ -1384,7 +1282,8 @@ int reactor_run(reactor_t *r) {
     if ((r->refs <= 0 && !r->zombies && !r->pend_head && !r->live) || past)
       break;
   }
-  if (r->batch_head) reactor__flush_batch(r);
+  if (r->uring && net_uring_has_sends(r->uring))
+    net_uring_send_all(r->uring, batch__done);
   timer_stop(&r->timers, &r->sweep);
   return 0;
 }

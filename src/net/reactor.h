@@ -154,15 +154,17 @@ listener_t *reactor_listen(reactor_t *r, int fd, const proto_t *proto,
                            void *service, conn_opts_t opts);
 /* With a dispatcher, each accepted fd goes to dispatch(l, fd, arg) instead
  * of becoming a connection of this reactor, so the caller can spread
- * connections over reactors (reactor_adopt on the chosen one). Set it
+ * connections over reactors (reactor_adopt on the chosen one). dispatch
+ * takes the fd (it adopts or closes it, whatever fails). Set it
  * right after reactor_listen. Reactor thread. */
 void reactor_listener_set_dispatch(listener_t *l,
                                    void (*dispatch)(listener_t *l, int fd,
                                                     void *arg),
                                    void *arg);
 
-/* Makes an accepted fd a connection of this reactor (on_open runs). On
- * failure the fd is closed. Reactor thread. */
+/* Makes an accepted fd a connection of this reactor (on_open runs). Takes
+ * the fd in every case: on failure (a stopping reactor, no memory, an fd
+ * epoll refuses) it is closed before the return. Reactor thread. */
 void reactor_adopt(reactor_t *r, int fd, const proto_t *proto, void *service,
                    conn_opts_t opts);
 
@@ -196,7 +198,13 @@ int reactor_conn_fd(const conn_t *c);
 /* Whether writes are still accepted (not closed, no close requested). */
 bool reactor_conn_is_open(const conn_t *c);
 
-/* Writes `len` bytes: as much as the socket takes at once, the rest copied
+/* Writes. The calls that take a buffer by reference or an fd follow the
+ * one ownership rule (docs/ARCHITECTURE.md, "Ownership on failure"): they
+ * take it whether they succeed or fail, and on failure have released the
+ * buffer / closed the fd before returning, so a caller never frees after
+ * a failed call (nor needs to tell the failures apart to know whether to).
+ *
+ * Writes `len` bytes: as much as the socket takes at once, the rest copied
  * into the queue. 0, or -EPIPE when the connection is closed or closing,
  * -ENOBUFS when max_queue bytes are queued already (back pressure only
  * stops reading; this bounds writes that come from elsewhere, such as
@@ -204,13 +212,15 @@ bool reactor_conn_is_open(const conn_t *c);
  * connection (CONN_ERROR). */
 int reactor_conn_write(conn_t *c, const void *data, size_t len);
 /* Same without copying: what is not written at once is queued by reference
- * and release(ctx, ctx2) runs when it is sent or dropped. release is also
- * called on failure (the bytes are not needed any more). Returns 0 or a
- * negative errno as above. */
+ * and release(ctx, ctx2) runs when it is sent or dropped. Takes the
+ * reference in every case: on failure release has run once before the
+ * return (the bytes are not needed any more). Returns 0 or a negative
+ * errno as above. */
 int reactor_conn_write_ref(conn_t *c, const void *data, size_t len,
                            sock_release_fn release, void *ctx, void *ctx2);
-/* Queues `len` bytes of `file_fd` from `offset` (sendfile); takes the fd
- * in every case. */
+/* Queues `len` bytes of `file_fd` from `offset` (sendfile). Takes the fd
+ * in every case: on failure it is closed before the return. 0, -EPIPE,
+ * -ENOBUFS or -ENOMEM as above. */
 int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len);
 /* Bytes queued and not yet written. */
 size_t reactor_conn_pending(const conn_t *c);

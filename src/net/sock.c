@@ -522,7 +522,10 @@ int sock_wq_push_copy(sock_wq_t *wq, const void *data, size_t len) {
 int sock_wq_push_ref(sock_wq_t *wq, const void *data, size_t len,
                      sock_release_fn release, void *ctx, void *ctx2) {
   sock_packet_t *p = sock__get(wq->pool, 0);
-  if (!p) return -ENOMEM;
+  if (!p) { /* taken in every case: the bytes are not needed any more */
+    if (release) release(ctx, ctx2);
+    return -ENOMEM;
+  }
   p->kind = PKT_REF;
   p->len = len;
   p->off = 0;

@@ -89,7 +89,13 @@ int sock_peer(int fd, char *ip, size_t iplen, int *port);
  * connections); "" when unnamed. 0 or a negative errno. */
 int sock_local_path(int fd, char *path, size_t len);
 
-/* ---- the write queue ---- */
+/* ---- the write queue ----
+ *
+ * Ownership on failure (docs/ARCHITECTURE.md, "Ownership on failure"): a
+ * call that takes a buffer by reference (with a release function) or an
+ * fd takes it whether it succeeds or fails. On failure it has released
+ * the buffer or closed the fd before returning; the caller never cleans
+ * up after it. Calls that copy (sock_wq_push_copy) take nothing. */
 
 typedef struct sock_packet sock_packet_t;
 typedef void (*sock_release_fn)(void *ctx, void *ctx2);
@@ -135,12 +141,14 @@ void sock_wq_clear(sock_wq_t *wq);
  * the smallest class that holds the write). 0 or -ENOMEM. */
 int sock_wq_push_copy(sock_wq_t *wq, const void *data, size_t len);
 /* Queues `len` bytes at `data` without copying; they must stay valid until
- * release(ctx, ctx2) is called (after they are written or dropped). On
- * -ENOMEM release is not called. */
+ * release(ctx, ctx2) is called (after they are written or dropped). Takes
+ * the reference in every case: on -ENOMEM release has run before the
+ * return. 0 or -ENOMEM. */
 int sock_wq_push_ref(sock_wq_t *wq, const void *data, size_t len,
                      sock_release_fn release, void *ctx, void *ctx2);
-/* Queues `len` bytes of file `file_fd` from `offset`; the queue owns the fd
- * and closes it when done or dropped (also on -ENOMEM). */
+/* Queues `len` bytes of file `file_fd` from `offset`; takes the fd in
+ * every case: the queue closes it when done or dropped, and on -ENOMEM
+ * (or len 0) it is closed before the return. 0 or -ENOMEM. */
 int sock_wq_push_file(sock_wq_t *wq, int file_fd, off_t offset, size_t len);
 /* Writes as much as the socket takes. Returns 0 when the queue is empty,
  * 1 when bytes remain (the socket is full), or a negative errno. */
