@@ -23,6 +23,7 @@ LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lm -ldl
 
 OUT     := build/$(VARIANT)
 SRCS    := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/http/*.c src/lx/*.c)
+SRCS    += $(wildcard src/server/*.c)
 OBJS    := $(SRCS:%.c=$(OUT)/%.o)
 UNIT    := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN     := $(OUT)/moonport

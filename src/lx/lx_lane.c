@@ -549,3 +549,25 @@ bool lx_lane_reload_root(lx_server_t *srv, char *err, size_t errlen) {
 void lx_lane_free_retired(lx_server_t *srv) {
   while (srv->retired) lx_lane_free(srv->retired);
 }
+
+/* ---- for the process layer (lx_server.h) ---- */
+
+reactor_t *lx_lane_reactor(const lx_lane_t *ln) { return ln->r; }
+
+uint64_t lx_lane_busy(const lx_lane_t *ln, const char **what) {
+  uint64_t since = atomic_load_explicit(&ln->busy_since, memory_order_acquire);
+  *what = atomic_load_explicit(&ln->busy_what, memory_order_relaxed);
+  return since;
+}
+
+/* In each lane of a replaced worker, before it drains: its
+ * mp.on("reload") handlers, which may hand state to the new worker (its
+ * subscriptions are in place: it said it was ready). */
+static void lx__reload_task(void *a, void *b) {
+  lx_lane_t *ln = a;
+  lx_call_list(ln, ln->reload_ref, "reload handler");
+}
+
+void lx_lane_post_reload(lx_lane_t *ln) {
+  reactor_post(ln->r, lx__reload_task, ln, NULL);
+}
