@@ -261,6 +261,8 @@ void lx_redis_close_all(lx_lane_t *ln);
 void lx_timers_stop_all(lx_lane_t *ln);
 /* Ends every mp.sleep of a retired lane without resuming it. */
 void lx_sleeps_abandon(lx_lane_t *ln);
+/* Frees what is left of the lane's mp.sleep waits (after its reactor). */
+void lx_sleeps_free(lx_lane_t *ln);
 /* A timer whose callback failed: stop it without its on_done. */
 void lx_timer_failed(lx_timer_t *t);
 /* A registry ref to the timer's userdata (LUA_NOREF once finished). */

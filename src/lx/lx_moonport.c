@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "lx/lx.h"
 #include "lx/lx_listen.h"
+#include "lx/lx_module.h"
 #include "redis/redis.h"
 
 #define LX_TIMER_MT "moonport.timer"
@@ -405,6 +406,14 @@ void lx_sleeps_abandon(lx_lane_t *ln) {
   }
 }
 
+void lx_sleeps_free(lx_lane_t *ln) {
+  while (ln->sleeps) {
+    lx_sleep_t *s = ln->sleeps;
+    ln->sleeps = s->next;
+    free(s);
+  }
+}
+
 static int lx__sleep_check(lua_State *L) {
   lx__ms(L, 1);
   lx_check_waitable(L, lx__ln(L), "mp.sleep");
@@ -584,11 +593,9 @@ int luaopen_moonport(lua_State *L) {
   luaL_setfuncs(L, lx_functions, 1);
   lx_push_waiter(L, ln, lx__sleep_check, lx__sleep_arm);
   lua_setfield(L, -2, "sleep");
-  lx_pubsub_open(L, ln);
-  lx_http_open(L, ln);
-  lx_redis_open(L, ln);
-  lx_stats_open(L, ln);
-  lx_shared_open(L, ln);
+  /* The other modules' fields (lx_modules.c lists them). */
+  for (const lx_module_t *m = ln->srv->modules; m && m->name; m++)
+    if (m->open) m->open(L, ln);
   lua_pushliteral(L, MOONPORT_VERSION);
   lua_setfield(L, -2, "version");
   lua_createtable(L, ln->srv->argc, 0);

@@ -52,6 +52,10 @@ struct lx_server {
   size_t nlanes;  /* lanes of this process (1 in the root) */
   size_t threads; /* lanes per worker (-t) */
   lx_lane_t **lanes;
+  /* The Lua modules whose hooks the lanes run (lx/lx_module.h; the
+   * binding's table is lx_binding_modules()). Set before the first
+   * lane. */
+  const struct lx_module *modules;
   reactor_group_t group;
   uint64_t grace_ms;
   uint64_t drain_ms; /* a replaced worker's time to finish (--drain-timeout) */
@@ -184,6 +188,9 @@ void lx_server_after_fork(lx_server_t *srv);
  * unix:PATH", ...) into out (NUL-terminated); returns the length, 0 for
  * none. While no lane thread runs (it reads the lanes' services). */
 size_t lx_server_listen_urls(lx_server_t *srv, char *out, size_t len);
+
+/* The binding's module table, for lx_server.modules (lx_modules.c). */
+const struct lx_module *lx_binding_modules(void);
 
 /* Unmaps this process's mp.shared dictionaries. At exit, after the lanes
  * are gone. */

@@ -211,6 +211,7 @@ int server_main(const server_opts_t *o) {
     return 1;
   }
   static lx_server_t srv; /* the lanes point at it until the process ends */
+  srv.modules = lx_binding_modules();
   srv.script = o->script;
   srv.argc = o->argc;
   srv.argv = o->argv;
