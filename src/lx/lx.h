@@ -255,7 +255,7 @@ void lx_redis_open(lua_State *L, lx_lane_t *ln);
 /* Closes the lane's mp.redis clients (before its reactor goes). */
 void lx_redis_close_all(lx_lane_t *ln);
 
-/* ---- lx_moonport.c ---- */
+/* ---- lx_timer.c, lx_moonport.c ---- */
 
 /* Stops every timer of a retired lane, without their on_done. */
 void lx_timers_stop_all(lx_lane_t *ln);
@@ -267,6 +267,9 @@ void lx_sleeps_free(lx_lane_t *ln);
 void lx_timer_failed(lx_timer_t *t);
 /* A registry ref to the timer's userdata (LUA_NOREF once finished). */
 int lx_timer_anchor(lx_timer_t *t);
+/* Adds mp.after, mp.every and mp.sleep to the module table at the top of
+ * L (lx_timer.c, as are the four above). */
+void lx_timer_open(lua_State *L, lx_lane_t *ln);
 
 /* mp.listen's body, with the service for each lane made by `make` from
  * the options table at idx (mp.http passes its own). */

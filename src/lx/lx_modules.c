@@ -26,7 +26,7 @@ static void conn_free(lx_lane_t *ln) {
   while (ln->services) lx_service_free(ln->services);
 }
 
-/* ---- the moonport module: timers, sleeps (lx_moonport.c) ---- */
+/* ---- the moonport module (lx_moonport.c); timers, sleeps (lx_timer.c) ---- */
 
 static void moonport_init(lua_State *L, lx_lane_t *ln) {
   lua_getglobal(L, "package");
@@ -36,7 +36,7 @@ static void moonport_init(lua_State *L, lx_lane_t *ln) {
   lua_pop(L, 2);
 }
 
-static void moonport_retire(lx_lane_t *ln) {
+static void timer_retire(lx_lane_t *ln) {
   lx_timers_stop_all(ln);
   lx_sleeps_abandon(ln);
 }
@@ -65,7 +65,8 @@ const lx_module_t lx_modules[] = {
     {.name = "conn", .init = lx_conn_open, .retire = conn_retire,
      .close = conn_close, .free = conn_free},
     {.name = "ws", .init = lx_ws_open},
-    {.name = "moonport", .init = moonport_init, .retire = moonport_retire,
+    {.name = "moonport", .init = moonport_init},
+    {.name = "timer", .open = lx_timer_open, .retire = timer_retire,
      .free = lx_sleeps_free, .run_kind = LX_TIMER, .run_anchor = timer_anchor,
      .run_failed = timer_failed},
     {.name = "pubsub", .open = lx_pubsub_open, .retire = lx_pubsub_cancel_all},
