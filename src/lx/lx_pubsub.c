@@ -6,7 +6,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cluster/cluster.h"
 #include "cluster/glob.h"
 #include "cluster/pubsub.h"
 #include "core/log.h"
