@@ -30,10 +30,14 @@ OUT     := build/$(VARIANT)
 CORE_SRCS := $(wildcard src/core/*.c src/net/*.c src/cluster/*.c src/redis/*.c src/http/*.c)
 CORE_OBJS := $(CORE_SRCS:%.c=$(OUT)/%.o)
 CORE_LIB  := $(OUT)/libmoonport-core.a
+# Process management (src/server) drives the binding's lanes but has no
+# lua.h either; it links into the binary, not the core library.
+SERVER_SRCS := $(wildcard src/server/*.c)
+SERVER_OBJS := $(SERVER_SRCS:%.c=$(OUT)/%.o)
 LX_SRCS   := $(wildcard src/lx/*.c)
 LUA_MODS  := $(sort $(wildcard lua/moonport/*.lua lua/moonport/*/*.lua))
 LX_OBJS   := $(LX_SRCS:%.c=$(OUT)/%.o) $(OUT)/gen/lx_embedded.o
-OBJS      := $(CORE_OBJS) $(LX_OBJS)
+OBJS      := $(CORE_OBJS) $(SERVER_OBJS) $(LX_OBJS)
 UNIT      := $(patsubst spec/c/%.c,$(OUT)/unit/%,$(wildcard spec/c/test_*.c))
 BIN       := $(OUT)/moonport
 
@@ -46,7 +50,7 @@ $(OUT)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(OUT)/src/lx/%.o $(OUT)/src/main.o $(OUT)/gen/lx_embedded.o: CFLAGS += $(LUAJIT_CFLAGS)
+$(OUT)/src/lx/%.o $(OUT)/gen/lx_embedded.o: CFLAGS += $(LUAJIT_CFLAGS)
 
 # lua/moonport/*.lua, built in as string constants (src/lx/lx_embed.h).
 $(OUT)/gen/lx_embedded.c: $(LUA_MODS) scripts/embed-lua
@@ -60,8 +64,8 @@ $(CORE_LIB): $(CORE_OBJS)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(BIN): $(LX_OBJS) $(OUT)/src/main.o $(CORE_LIB)
-	$(CC) $(LDFLAGS) -o $@ $(LX_OBJS) $(OUT)/src/main.o $(CORE_LIB) $(LDLIBS)
+$(BIN): $(LX_OBJS) $(SERVER_OBJS) $(OUT)/src/main.o $(CORE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $(LX_OBJS) $(SERVER_OBJS) $(OUT)/src/main.o $(CORE_LIB) $(LDLIBS)
 
 # C unit tests: the core library only, no LuaJIT.
 CORE_LDLIBS := -lhiredis -luring -lcares -lm -ldl

@@ -16,16 +16,9 @@
 #include "core/defer.h"
 #include "core/stats.h"
 #include "net/reactor.h"
+#include "lx/lx_server.h" /* struct lx_server, and what src/server calls */
+#include "lx/lx_listen.h"
 
-#define MOONPORT_VERSION "0.1.0"
-
-/* Pub/sub limits: a channel name, and one message (after JSON encoding). */
-#define LX_MAX_CHANNEL 4096
-#define LX_MAX_MESSAGE (8 << 20)
-
-
-typedef struct lx_server lx_server_t;
-typedef struct lx_lane lx_lane_t;
 typedef struct lx_timer lx_timer_t;
 
 /* What a callback is about, for error handling and for holding. */
@@ -67,90 +60,6 @@ typedef struct lx_sleep {
   lx_lane_t *ln;
   struct lx_sleep *prev, *next;
 } lx_sleep_t;
-
-/* A shared listening socket: every lane that listens on the same address
- * accepts from one fd. Guarded by lx_server.listen_lock. */
-typedef struct lx_shared_listener {
-  char *key;  /* "tcp:ADDR:PORT" or "unix:PATH" */
-  char *path; /* Unix path to unlink at exit, or NULL */
-  int fd;
-  int *worker_fds; /* root with TCP: one SO_REUSEPORT socket per worker */
-  int nworker_fds;
-  int refs;                  /* services using it, and hand-offs in flight */
-  struct lx_service **svc;   /* per lane: its service here, or NULL */
-  unsigned next_lane;        /* round robin for hand-offs */
-  struct lx_shared_listener *next;
-} lx_shared_listener_t;
-
-struct lx_server {
-  const char *script;
-  int argc;   /* script arguments */
-  char **argv;
-  size_t nlanes;  /* lanes of this process (1 in the root) */
-  size_t threads; /* lanes per worker (-t) */
-  lx_lane_t **lanes;
-  reactor_group_t group;
-  uint64_t grace_ms;
-  uint64_t drain_ms; /* a replaced worker's time to finish (--drain-timeout) */
-  pthread_mutex_t listen_lock;
-  lx_shared_listener_t *listeners; /* guarded by listen_lock */
-  int nworkers;     /* worker processes (1: no fork) */
-  size_t max_memory; /* bytes a worker may use before it is replaced */
-  int worker_index; /* 1..nworkers in a worker; 0 in the root */
-  bool root;         /* this process is the root of several workers */
-  _Atomic int lanes_done;          /* lanes whose loop has returned */
-  pubsub_t *ps; /* this process's post office: a sink per lane (in the
-                   root: sink 0 its lane, sink i worker i) */
-  int ipc_fd;                /* a worker's socketpair end to the root, or -1 */
-  pthread_mutex_t ipc_lock;  /* a worker's frames to the root, one at a time */
-  /* A worker's bytes for the root that its socket did not take yet, in
-   * order (guarded by ipc_lock). Lanes never block on the root: what the
-   * socket refuses waits here and the main thread flushes it when the
-   * socket is writable. Publishes past LX_IPC_OUT_MAX are refused. */
-  char *ipc_out;
-  size_t ipc_out_off, ipc_out_len, ipc_out_cap;
-  ipc_reader_t ipc_reader;   /* a worker's frames from the root (main thread) */
-  struct lx_peer *peers;     /* the root's links to worker processes, by
-                                post-office sink (1..2 * nworkers) */
-  /* Root: a worker's news for the supervisor: IPC_READY (it serves),
-   * IPC_BEAT (alive) or IPC_STUCK (msg: which lane runs what). */
-  void (*worker_news)(int type, int sink, const char *msg, size_t len,
-                      void *arg);
-  void *news_arg;
-  uint64_t beat_sent; /* a worker's main thread: its last IPC_BEAT */
-  bool stuck_told;    /* ... and whether it reported the stuck lane */
-  int wake_fd; /* eventfd the main thread polls: signals, lanes done */
-  uint64_t lua_timeout_ms; /* a callback running longer is stuck (0: off) */
-  lx_lane_t *retired; /* root: replaced root lanes not freed yet */
-  /* Pub/sub through Redis (--redis): the URL; whether cluster-scope
-   * messages go through it (every process knows); the engine and the
-   * reactor it lives on (the root's, or lane 1's with one process). */
-  const char *redis_url;
-  char *redis_url_own; /* set by mp.engine */
-  bool redis_cli;      /* from --redis / MOONPORT_REDIS */
-  bool engine_started; /* lx_engine_start ran: mp.engine is too late */
-  bool remote;
-  struct redis_engine *engine;
-  reactor_t *engine_r;
-  /* Bytes of publishes on their way to Redis in this process: posted to
-   * the engine's reactor and not taken yet (any thread adds, the engine's
-   * subtracts), and held by the engine (its gauge: unsent or queued).
-   * mp.publish refuses past LX_ENGINE_BACKLOG_MAX. */
-  _Atomic size_t engine_posted, engine_held;
-  bool exiting;       /* root: freeing everything; retired lanes wait */
-  int access_fd;      /* --log: one line per HTTP request, or -1 */
-  /* The server's counters (core/stats.h), mapped before any fork; this
-   * process's sink (0: the root, or the only process), whose slots are
-   * [sink * (threads + 1), + threads + 1). */
-  struct stats *stats;
-  int sink;
-  uint64_t serial; /* this process's number in the server (stats_next_serial) */
-  /* mp.shared dictionaries by name: made in the root (or, with one
-   * process, by lane 1) and inherited by forked workers. Never removed
-   * while the process runs. */
-  pthread_mutex_t shared_lock;
-  struct lx_shared_dict *shared; /* guarded by shared_lock */
-};
 
 /* Everything in a lane belongs to the lane's thread (after start-up, which
  * runs on the main thread before the lane thread exists). */
@@ -195,36 +104,14 @@ struct lx_lane {
 
 /* ---- lx_lane.c ---- */
 
-/* Makes lane `index` of `srv`: a reactor (or, for a reloaded root lane,
- * the root's reactor `on`) and a lua_State with the standard libraries and
- * the moonport module, then runs the script's top level. On failure
- * returns NULL and puts one line (without "moonport: ") in err. Main
- * thread, or the root's. */
-lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
-                       reactor_t *on, char *err, size_t errlen);
-/* Frees a lane whose loop has returned (or never ran). Main thread. */
-void lx_lane_free(lx_lane_t *ln);
 /* Pushes the server-wide id of connection `uuid` of this process:
  * "SERIAL-UUID", a string no other connection of the server has (a uuid
  * is unique only within its process). */
 void lx_push_uid(lua_State *L, lx_server_t *srv, sock_uuid_t uuid);
-/* The lane thread's body: start handlers, the loop, done. */
-void lx_lane_run(lx_lane_t *ln);
-/* Root only: replaces the root lane by a new one running the script as it
- * is on disk now, on the same reactor. On failure (the script does not
- * load) nothing changes, err says why, and it returns false. On success
- * the old lane's mp.on("reload") handlers run, its timers, sleeps and
- * subscriptions end, its listeners pass to the new lane, and it is freed
- * once its last client connection is gone; the new lane's start handlers
- * run next. */
-bool lx_lane_reload_root(lx_server_t *srv, char *err, size_t errlen);
 /* A task posted for lane ln is done (see lx_lane_t.tasks). */
 void lx_lane_task_done(lx_lane_t *ln);
 /* A service of lane ln was freed (a retired lane may be done). */
 void lx_lane_service_gone(lx_lane_t *ln);
-/* Root, at exit, after the root lane (and so the reactor) is freed: frees
- * the retired root lanes left. */
-void lx_lane_free_retired(lx_server_t *srv);
 
 /* Takes the function and nargs arguments on top of `from` (a coroutine of
  * this lane, or its main state) and runs them in a pooled coroutine. */
@@ -360,53 +247,10 @@ void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid);
 void lx_pubsub_cancel_all(lx_lane_t *ln);
 /* Calls this lane's subscribers of message m. */
 void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m);
-/* The post office's delivery into lane `sink` of srv (a mailbox post). */
-void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *srv);
 
-/* Messages between processes. In a worker: feed bytes read from the root
- * (main thread). In the root: the post office's delivery (sink 0 is the
- * root lane, others are workers), and the cluster's start/exit hooks. */
-void lx_ipc_feed(lx_server_t *srv, const char *data, size_t len);
-void lx_root_deliver(int sink, pubsub_msg_t *m, void *srv);
-void lx_ipc_worker_started(int sink, int ipc_fd, void *srv);
-void lx_ipc_worker_exited(int sink, void *srv);
-bool lx_ipc_drain(int sink, void *srv);
-/* A worker: tells the root it serves. */
-void lx_ipc_ready(lx_server_t *srv);
-/* A worker's main thread: whether bytes wait for the root (then poll its
- * socket for POLLOUT), and writing what the socket takes now. */
-#define LX_IPC_OUT_MAX ((size_t)64 << 20)
-bool lx_ipc_out_pending(lx_server_t *srv);
-void lx_ipc_flush(lx_server_t *srv);
-/* The watchdog's check, on the main thread about once a second: a lane
- * whose callback runs past srv->lua_timeout_ms is reported (a log line; in
- * a worker also to the root, which replaces the worker); otherwise a
- * worker sends the root its heartbeat. */
-void lx_ipc_watchdog(lx_server_t *srv);
-struct lx_peer *lx_ipc_new_peers(lx_server_t *srv);
-void lx_ipc_free_peers(lx_server_t *srv);
 
 /* ---- lx_engine.c ---- */
 
-/* Starts the Redis engine on reactor r if srv->redis_url is set: 0, or -1
- * after a log line. */
-int lx_engine_start(lx_server_t *srv, reactor_t *r);
-void lx_engine_stop(lx_server_t *srv);
-/* A worker: the root's engine is not ours. */
-void lx_engine_after_fork(lx_server_t *srv);
-/* The first subscriber of a channel or pattern in this server appeared
- * (add) or the last went: tells Redis. Any thread; callers keep these in
- * the order of their counts. No-op without an engine here. */
-void lx_engine_count(lx_server_t *srv, const char *ch, size_t len,
-                     bool pattern, bool add);
-/* pubsub_clear_sink's callback: a key lost its last subscriber. */
-void lx_engine_gone(const char *ch, size_t len, bool pattern, void *srv);
-/* Publishes through Redis (cluster scope). Any thread. Returns 0, or
- * -ENOBUFS (nothing sent) while LX_ENGINE_BACKLOG_MAX bytes of publishes
- * wait for a Redis that is slow or away. */
-#define LX_ENGINE_BACKLOG_MAX ((size_t)64 << 20)
-int lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
-                      const char *msg, size_t mlen, bool json);
 
 /* ---- lx_redis.c ---- */
 
@@ -415,16 +259,21 @@ void lx_redis_open(lua_State *L, lx_lane_t *ln);
 /* Closes the lane's mp.redis clients (before its reactor goes). */
 void lx_redis_close_all(lx_lane_t *ln);
 
-/* ---- lx_moonport.c ---- */
+/* ---- lx_timer.c, lx_moonport.c ---- */
 
 /* Stops every timer of a retired lane, without their on_done. */
 void lx_timers_stop_all(lx_lane_t *ln);
 /* Ends every mp.sleep of a retired lane without resuming it. */
 void lx_sleeps_abandon(lx_lane_t *ln);
+/* Frees what is left of the lane's mp.sleep waits (after its reactor). */
+void lx_sleeps_free(lx_lane_t *ln);
 /* A timer whose callback failed: stop it without its on_done. */
 void lx_timer_failed(lx_timer_t *t);
 /* A registry ref to the timer's userdata (LUA_NOREF once finished). */
 int lx_timer_anchor(lx_timer_t *t);
+/* Adds mp.after, mp.every and mp.sleep to the module table at the top of
+ * L (lx_timer.c, as are the four above). */
+void lx_timer_open(lua_State *L, lx_lane_t *ln);
 
 /* mp.listen's body, with the service for each lane made by `make` from
  * the options table at idx (mp.http passes its own). */
@@ -435,9 +284,6 @@ int lx_listen_with(lua_State *L, lx_lane_t *ln,
 
 /* Adds mp.shared to the module table at the top of L. */
 void lx_shared_open(lua_State *L, lx_lane_t *ln);
-/* Unmaps this process's dictionaries. Main thread, at exit, after the
- * lanes are gone. */
-void lx_shared_free_all(lx_server_t *srv);
 
 /* ---- lx_http.c ---- */
 
@@ -505,17 +351,6 @@ void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason);
 /* The `moonport` module loader (package.preload). */
 int luaopen_moonport(lua_State *L);
 struct lx_service;
-/* Forgets lane `index`'s service `svc` on a shared listener (closing). */
-void lx_shared_detach(lx_server_t *srv, lx_shared_listener_t *sl, int index,
-                      struct lx_service *svc);
-/* Releases this lane's hold on shared listeners of a closed service. */
-void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl);
-/* Closes every shared listener (and unlinks Unix paths when
- * srv->unlink_paths). Main thread, at exit. */
-void lx_server_close_listeners(lx_server_t *srv);
-/* In a new worker process: the shared sockets are inherited, the root's
- * claims on them are not. */
-void lx_server_after_fork(lx_server_t *srv);
 
 /* ---- lx_log.c ---- */
 

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "lx/lx.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_module.h"
 
 /* Registry key whose address identifies the lane of a lua_State. */
 static const char lx_lane_key = 0;
@@ -141,15 +142,27 @@ static void lx__co_give_back(lx_lane_t *ln, lua_State *co, int co_ref) {
 
 /* ---- running callbacks ---- */
 
+/* The module whose callbacks run with run's kind, or NULL. */
+static const lx_module_t *lx__module_of(lx_lane_t *ln, const lx_run_t *run) {
+  for (const lx_module_t *m = ln->srv->modules; m && m->name; m++)
+    if (m->run_kind == run->kind) return m;
+  return NULL;
+}
+
+/* Every module's hook `fn` for the lane, in table order. */
+#define LX_EACH_MODULE(ln, fn, ...)                                          \
+  for (const lx_module_t *m_ = (ln)->srv->modules; m_ && m_->name; m_++)    \
+    if (m_->fn) m_->fn(__VA_ARGS__)
+
 static void lx__hold(lx_lane_t *ln, lx_run_t *run) {
   if (run->kind == LX_CONN && run->c)
     reactor_conn_hold(run->c);
   else
     reactor_ref(ln->r);
-  /* A timer's userdata may lose its last reference while the callback
-   * waits; the callback still needs it if it fails. */
-  if (run->kind == LX_TIMER && run->timer)
-    run->anchor = lx_timer_anchor(run->timer);
+  /* What owns the callback may lose its last reference while it waits
+   * (a timer's userdata); the module keeps it for a failure. */
+  const lx_module_t *m = run->kind > LX_CONN ? lx__module_of(ln, run) : NULL;
+  if (m && m->run_anchor) run->anchor = m->run_anchor(run);
 }
 
 static void lx__release(lx_lane_t *ln, lx_run_t *run) {
@@ -194,10 +207,11 @@ static void lx__failed(lx_lane_t *ln, lx_run_t *run, int status) {
     lua_pop(L, 1);
     log_error("error in %s: %s (no traceback: out of memory)", run->what, msg);
   }
+  const lx_module_t *m = run->kind > LX_CONN ? lx__module_of(ln, run) : NULL;
   if (run->kind == LX_CONN && run->c)
     reactor_conn_force_close(run->c, CONN_ERROR);
-  else if (run->kind == LX_TIMER && run->timer)
-    lx_timer_failed(run->timer);
+  else if (m && m->run_failed)
+    m->run_failed(run);
 }
 
 const char lx_wait_token = 0;
@@ -369,8 +383,6 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
     return NULL;
   }
   timer_init(&ln->stats_timer);
-  ln->stats = lx_stats_slot(srv, index, is_root);
-  if (!on) reactor_set_stats(ln->r, ln->stats);
   lua_State *L = ln->L = luaL_newstate();
   if (!L) {
     snprintf(err, errlen, "cannot create a Lua state");
@@ -400,13 +412,7 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
   ln->conn_subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lx_embed_install(L);
   lx__install_yield(L, ln);
-  lx_conn_open(L, ln);
-  lx_ws_open(L, ln);
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "preload");
-  lua_pushcfunction(L, luaopen_moonport);
-  lua_setfield(L, -2, "moonport");
-  lua_pop(L, 2);
+  LX_EACH_MODULE(ln, init, L, ln);
   lx__set_paths(L, srv->script);
   lx__set_args(L, srv);
 
@@ -430,13 +436,13 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
 
 static void lx__stop_hook(reactor_t *r, void *arg) {
   lx_lane_t *ln = arg;
-  lx_stats_lane_stop(ln);
+  LX_EACH_MODULE(ln, stop, ln);
   lx_call_list(ln, ln->stop_ref, "stop handler");
 }
 
 static void lx__start(void *a, void *b) {
   lx_lane_t *ln = a;
-  lx_stats_lane_start(ln);
+  LX_EACH_MODULE(ln, start, ln);
   if (!ln->is_root) lx_call_list(ln, ln->worker_start_ref, "worker_start handler");
   lx_call_list(ln, ln->start_ref, "start handler");
 }
@@ -465,19 +471,13 @@ void lx_lane_free(lx_lane_t *ln) {
   }
   ln->closing = true;
   ln->retired = false; /* freeing its services must not post its free */
-  if (ln->r) lx_stats_lane_stop(ln);
+  if (ln->r) LX_EACH_MODULE(ln, stop, ln);
   /* Connections and write queues go first: their release callbacks still
-   * use the Lua state. reactor_free frees the listeners too. */
-  for (struct lx_service *s = ln->services; s; s = s->next) s->listener = NULL;
-  lx_redis_close_all(ln); /* their sockets are on the reactor */
+   * use the Lua state. reactor_free frees the listeners too; what modules
+   * keep on the reactor (sockets) goes before it. */
+  if (ln->L) LX_EACH_MODULE(ln, close, ln);
   if (ln->owns_r) reactor_free(ln->r);
-  while (ln->sleeps) {
-    lx_sleep_t *s = ln->sleeps;
-    ln->sleeps = s->next;
-    free(s);
-  }
-  while (ln->services) lx_service_free(ln->services);
-  lx_http_lane_free(ln);
+  if (ln->L) LX_EACH_MODULE(ln, free, ln);
   if (ln->L) lua_close(ln->L);
   free(ln->idle);
   free(ln);
@@ -518,15 +518,8 @@ static void lx__retire(lx_lane_t *ln) {
   ln->retired = true;
   ln->next_retired = ln->srv->retired;
   ln->srv->retired = ln;
-  lx_stats_lane_stop(ln);
-  lx_timers_stop_all(ln);
-  lx_sleeps_abandon(ln);
-  lx_pubsub_cancel_all(ln);
-  struct lx_service *s = ln->services, *next;
-  for (; s; s = next) {
-    next = s->next;
-    if (!s->client) lx_service_free(s); /* a listener: the root serves none */
-  }
+  LX_EACH_MODULE(ln, stop, ln);
+  LX_EACH_MODULE(ln, retire, ln);
   lx__retired_check(ln);
 }
 
@@ -546,4 +539,26 @@ bool lx_lane_reload_root(lx_server_t *srv, char *err, size_t errlen) {
 
 void lx_lane_free_retired(lx_server_t *srv) {
   while (srv->retired) lx_lane_free(srv->retired);
+}
+
+/* ---- for the process layer (lx_server.h) ---- */
+
+reactor_t *lx_lane_reactor(const lx_lane_t *ln) { return ln->r; }
+
+uint64_t lx_lane_busy(const lx_lane_t *ln, const char **what) {
+  uint64_t since = atomic_load_explicit(&ln->busy_since, memory_order_acquire);
+  *what = atomic_load_explicit(&ln->busy_what, memory_order_relaxed);
+  return since;
+}
+
+/* In each lane of a replaced worker, before it drains: its
+ * mp.on("reload") handlers, which may hand state to the new worker (its
+ * subscriptions are in place: it said it was ready). */
+static void lx__reload_task(void *a, void *b) {
+  lx_lane_t *ln = a;
+  lx_call_list(ln, ln->reload_ref, "reload handler");
+}
+
+void lx_lane_post_reload(lx_lane_t *ln) {
+  reactor_post(ln->r, lx__reload_task, ln, NULL);
 }

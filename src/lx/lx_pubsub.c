@@ -1,18 +1,16 @@
 /* lx_pubsub: mp.subscribe, conn:subscribe, mp.publish and the delivery of
  * messages into a lane's Lua callbacks. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
-#include "cluster/cluster.h"
 #include "cluster/glob.h"
 #include "cluster/pubsub.h"
 #include "core/log.h"
 #include "lx/lx.h"
+#include "server/link.h"
 
 #define LX_SUB_MT "moonport.subscription"
 
@@ -32,104 +30,6 @@ static lx_lane_t *lx__ln(lua_State *L) {
   return lua_touserdata(L, lua_upvalueindex(1));
 }
 
-/* ---- to the root (workers) ---- */
-
-/* Writes what the socket takes of the queued bytes. ipc_lock held. */
-static void lx__ipc_flush_locked(lx_server_t *srv) {
-  while (srv->ipc_out_off < srv->ipc_out_len) {
-    ssize_t n = send(srv->ipc_fd, srv->ipc_out + srv->ipc_out_off,
-                     srv->ipc_out_len - srv->ipc_out_off,
-                     MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) /* the root is gone */
-        srv->ipc_out_off = srv->ipc_out_len;
-      break;
-    }
-    srv->ipc_out_off += (size_t)n;
-  }
-  if (srv->ipc_out_off == srv->ipc_out_len) srv->ipc_out_off = srv->ipc_out_len = 0;
-}
-
-/* Sends one frame to the root, or queues what the socket doesn't take
- * (behind what is queued already, so frames keep their order), waking the
- * main thread to flush it. ipc_lock held. Never blocks: a root lane busy
- * in Lua must not stall the worker's lanes. Returns 0; -ENOBUFS for a
- * publish (`droppable`) that would take the queue past LX_IPC_OUT_MAX
- * (control frames are small and always queued: their order matters);
- * -ENOMEM; or -EPIPE once the root is gone. */
-static int lx__ipc_send_locked(lx_server_t *srv, int type, unsigned flags,
-                               const char *ch, size_t clen, const char *msg,
-                               size_t mlen) {
-  char hdr[IPC_HEADER];
-  ipc_header(hdr, type, flags, clen, mlen);
-  struct iovec iov[3] = {{hdr, IPC_HEADER}, {(void *)ch, clen},
-                         {(void *)msg, mlen}};
-  int cnt = 3, i = 0;
-  if (srv->ipc_out_len) lx__ipc_flush_locked(srv);
-  if (!srv->ipc_out_len) {
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
-    for (;;) {
-      ssize_t n = sendmsg(srv->ipc_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
-      if (n < 0) n = 0;
-      while (i < cnt && (size_t)n >= iov[i].iov_len)
-        n -= (ssize_t)iov[i++].iov_len;
-      if (i < cnt) {
-        iov[i].iov_base = (char *)iov[i].iov_base + n;
-        iov[i].iov_len -= (size_t)n;
-      }
-      break;
-    }
-    if (i == cnt) return 0;
-  }
-  size_t rest = 0;
-  for (int k = i; k < cnt; k++) rest += iov[k].iov_len;
-  bool whole = i == 0 && iov[0].iov_len == IPC_HEADER; /* nothing went */
-  if (type == IPC_PUBLISH && whole &&
-      srv->ipc_out_len - srv->ipc_out_off + rest > LX_IPC_OUT_MAX)
-    return -ENOBUFS;
-  if (srv->ipc_out_len + rest > srv->ipc_out_cap) {
-    if (srv->ipc_out_off) { /* slide the unsent part to the front */
-      memmove(srv->ipc_out, srv->ipc_out + srv->ipc_out_off,
-              srv->ipc_out_len - srv->ipc_out_off);
-      srv->ipc_out_len -= srv->ipc_out_off;
-      srv->ipc_out_off = 0;
-    }
-    size_t cap = srv->ipc_out_cap ? srv->ipc_out_cap : 65536;
-    while (cap < srv->ipc_out_len + rest) cap *= 2;
-    if (cap != srv->ipc_out_cap) {
-      char *out = realloc(srv->ipc_out, cap);
-      if (!out) return -ENOMEM;
-      srv->ipc_out = out;
-      srv->ipc_out_cap = cap;
-    }
-  }
-  for (int k = i; k < cnt; k++) {
-    if (iov[k].iov_len)
-      memcpy(srv->ipc_out + srv->ipc_out_len, iov[k].iov_base, iov[k].iov_len);
-    srv->ipc_out_len += iov[k].iov_len;
-  }
-  uint64_t one = 1; /* the main thread now polls for POLLOUT */
-  ssize_t w = write(srv->wake_fd, &one, sizeof(one));
-  (void)w;
-  return 0;
-}
-
-bool lx_ipc_out_pending(lx_server_t *srv) {
-  pthread_mutex_lock(&srv->ipc_lock);
-  bool pending = srv->ipc_out_len > srv->ipc_out_off;
-  pthread_mutex_unlock(&srv->ipc_lock);
-  return pending;
-}
-
-void lx_ipc_flush(lx_server_t *srv) {
-  pthread_mutex_lock(&srv->ipc_lock);
-  if (srv->ipc_fd >= 0) lx__ipc_flush_locked(srv);
-  pthread_mutex_unlock(&srv->ipc_lock);
-}
-
 /* pubsub_subscribe / _unsubscribe, telling the root about a first or last
  * subscriber; the lock keeps those notices in the order of the counts. */
 static int lx__count(lx_lane_t *ln, const char *ch, size_t len, bool pattern,
@@ -146,7 +46,7 @@ static int lx__count(lx_lane_t *ln, const char *ch, size_t len, bool pattern,
   if (ipc && rc == 1) {
     int type = add ? (pattern ? IPC_PSUB : IPC_SUB)
                    : (pattern ? IPC_PUNSUB : IPC_UNSUB);
-    if (lx__ipc_send_locked(srv, type, 0, ch, len, NULL, 0))
+    if (link_send(&srv->link, type, 0, ch, len, NULL, 0))
       log_error("pub/sub: cannot reach the root process: %s", strerror(errno));
   }
   if (lock) pthread_mutex_unlock(&srv->ipc_lock);
@@ -544,7 +444,12 @@ void lx_pubsub_cancel_all(lx_lane_t *ln) {
 
 /* ---- publishing ---- */
 
-enum { SCOPE_CLUSTER, SCOPE_PROCESS, SCOPE_SIBLINGS, SCOPE_ROOT };
+enum {
+  SCOPE_CLUSTER = LINK_SCOPE_CLUSTER,
+  SCOPE_PROCESS = LINK_SCOPE_PROCESS,
+  SCOPE_SIBLINGS = LINK_SCOPE_SIBLINGS,
+  SCOPE_ROOT = LINK_SCOPE_ROOT
+};
 
 static int lx_publish(lua_State *L) {
   lx_lane_t *ln = lx__ln(L);
@@ -596,7 +501,7 @@ static int lx_publish(lua_State *L) {
      * its own come back that way too). */
     if (scope != SCOPE_PROCESS) {
       pthread_mutex_lock(&srv->ipc_lock);
-      int rc = lx__ipc_send_locked(srv, IPC_PUBLISH,
+      int rc = link_send(&srv->link, IPC_PUBLISH,
                                    (unsigned)scope |
                                        (flags & PUBSUB_JSON ? IPC_JSON : 0),
                                    ch, clen, msg, mlen);
@@ -604,7 +509,7 @@ static int lx_publish(lua_State *L) {
       if (rc == -ENOBUFS) {
         lua_pushnil(L);
         lua_pushfstring(L, "the root process is behind: %d MiB of messages "
-                           "wait for it", (int)(LX_IPC_OUT_MAX >> 20));
+                           "wait for it", (int)(LINK_OUT_MAX >> 20));
         return 2;
       }
       if (rc) return lx_push_fail(L, rc);
@@ -645,266 +550,4 @@ void lx_pubsub_open(lua_State *L, lx_lane_t *ln) {
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_publish, 1);
   lua_setfield(L, -2, "publish");
-}
-
-/* ---- between processes ---- */
-
-/* In each lane of a replaced worker, before it drains: its
- * mp.on("reload") handlers, which may hand state to the new worker (its
- * subscriptions are in place: it said it was ready). */
-static void lx__reload_task(void *a, void *b) {
-  lx_lane_t *ln = a;
-  lx_call_list(ln, ln->reload_ref, "reload handler");
-}
-
-/* A worker's frames from the root. */
-static void lx__from_root(int type, unsigned flags, const char *ch,
-                          size_t clen, const char *msg, size_t mlen,
-                          void *arg) {
-  lx_server_t *srv = arg;
-  if (type == IPC_DRAIN) { /* replaced: finish, then exit */
-    log_info("worker %d (pid %d) was replaced; finishing its connections",
-             srv->worker_index, (int)getpid());
-    for (size_t i = 0; i < srv->nlanes; i++) {
-      reactor_post(srv->lanes[i]->r, lx__reload_task, srv->lanes[i], NULL);
-      reactor_drain(srv->lanes[i]->r, srv->drain_ms, srv->grace_ms);
-    }
-    return;
-  }
-  if (type != IPC_DELIVER) return;
-  uint32_t f = (flags & IPC_JSON ? PUBSUB_JSON : 0) |
-               (flags & IPC_EXACT ? PUBSUB_EXACT : 0);
-  const char *pat = NULL;
-  uint32_t plen = 0;
-  if (flags & IPC_PATTERN) {
-    if (mlen < 4) return;
-    memcpy(&plen, msg + mlen - 4, 4);
-    if (plen > mlen - 4) return;
-    mlen -= 4 + plen;
-    pat = msg + mlen;
-    f |= PUBSUB_PATTERN;
-  }
-  pubsub_msg_t *m = pubsub_msg_new_for(ch, clen, msg, mlen, pat, plen, f);
-  if (!m) {
-    log_error("pub/sub: out of memory; a message is lost");
-    return;
-  }
-  pubsub_publish(srv->ps, m, -1, -1);
-  pubsub_msg_unref(m);
-}
-
-static void lx__oversize(size_t body, size_t limit, void *arg) {
-  log_error("pub/sub: refused a frame of %zu bytes from another process "
-            "(the limit is %zu)", body, limit);
-}
-
-void lx_ipc_feed(lx_server_t *srv, const char *data, size_t len) {
-  if (ipc_reader_feed(&srv->ipc_reader, data, len, lx__from_root,
-                      lx__oversize, srv))
-    log_error("pub/sub: out of memory reading from the root; a frame is lost");
-}
-
-/* The root's side of one worker's socketpair. */
-typedef struct lx_peer {
-  lx_server_t *srv;
-  int index;
-  sock_uuid_t uuid; /* its connection in the root's reactor, or 0 */
-  ipc_reader_t reader;
-} lx_peer_t;
-
-static void lx__root_frame(int type, unsigned flags, const char *ch,
-                           size_t clen, const char *msg, size_t mlen,
-                           void *arg) {
-  lx_peer_t *p = arg;
-  lx_server_t *srv = p->srv;
-  switch (type) {
-  case IPC_SUB:
-  case IPC_PSUB:
-    if (pubsub_subscribe(srv->ps, p->index, ch, clen, type == IPC_PSUB) == 1)
-      lx_engine_count(srv, ch, clen, type == IPC_PSUB, true);
-    return;
-  case IPC_UNSUB:
-  case IPC_PUNSUB:
-    if (pubsub_unsubscribe(srv->ps, p->index, ch, clen, type == IPC_PUNSUB) == 1)
-      lx_engine_count(srv, ch, clen, type == IPC_PUNSUB, false);
-    return;
-  case IPC_READY:
-  case IPC_BEAT:
-  case IPC_STUCK:
-    if (srv->worker_news)
-      srv->worker_news(type, p->index, msg, mlen, srv->news_arg);
-    return;
-  case IPC_PUBLISH: break;
-  default: return;
-  }
-  if (srv->engine && (flags & IPC_SCOPE_MASK) == SCOPE_CLUSTER) {
-    /* Everyone, the publisher too, gets it when it comes back. Refused
-     * while Redis is behind: the worker can't be told, so a log line at
-     * the first drop of each run of them. Root thread only. */
-    static bool dropping;
-    if (lx_engine_publish(srv, ch, clen, msg, mlen, flags & IPC_JSON) == 0) {
-      dropping = false;
-    } else if (!dropping) {
-      dropping = true;
-      log_error("redis: %zu MiB of messages wait for Redis (slow or away); "
-                "dropping workers' messages until it catches up",
-                LX_ENGINE_BACKLOG_MAX >> 20);
-    }
-    return;
-  }
-  pubsub_msg_t *m = pubsub_msg_new(ch, clen, msg, mlen,
-                                   flags & IPC_JSON ? PUBSUB_JSON : 0);
-  if (!m) {
-    log_error("pub/sub: out of memory; a message is lost");
-    return;
-  }
-  unsigned scope = flags & IPC_SCOPE_MASK;
-  if (scope == SCOPE_CLUSTER) /* the publisher delivered its own */
-    pubsub_publish(srv->ps, m, p->index, -1);
-  else if (scope == SCOPE_SIBLINGS)
-    pubsub_publish(srv->ps, m, p->index, 0);
-  else if (scope == SCOPE_ROOT && pubsub_wants(srv->ps, 0, m))
-    lx_pubsub_deliver(0, m, srv);
-  pubsub_msg_unref(m);
-}
-
-static void lx__peer_open(conn_t *c) {
-  lx_peer_t *p = reactor_conn_service(c);
-  p->uuid = reactor_conn_uuid(c);
-}
-
-static void lx__peer_data(conn_t *c, const char *data, size_t len) {
-  lx_peer_t *p = reactor_conn_service(c);
-  if (ipc_reader_feed(&p->reader, data, len, lx__root_frame, lx__oversize, p))
-    log_error("pub/sub: out of memory reading from worker %d; a frame is "
-              "lost", (p->index - 1) % p->srv->nworkers + 1);
-}
-
-static void lx__peer_close(conn_t *c, int reason) {
-  lx_peer_t *p = reactor_conn_service(c);
-  if (p->uuid == reactor_conn_uuid(c)) p->uuid = 0;
-}
-
-static const proto_t lx_peer_proto = {.on_open = lx__peer_open,
-                                      .on_data = lx__peer_data,
-                                      .on_close = lx__peer_close};
-
-static void lx__release_msg(void *m, void *unused) { pubsub_msg_unref(m); }
-
-void lx_root_deliver(int sink, pubsub_msg_t *m, void *arg) {
-  lx_server_t *srv = arg;
-  if (sink == 0) {
-    lx_pubsub_deliver(0, m, srv);
-    return;
-  }
-  lx_peer_t *p = &srv->peers[sink];
-  conn_t *c = p->uuid ? reactor_conn_find(srv->lanes[0]->r, p->uuid) : NULL;
-  if (!c) return; /* between a worker's death and its replacement */
-  char hdr[IPC_HEADER + LX_MAX_CHANNEL];
-  bool pat = m->flags & PUBSUB_PATTERN;
-  unsigned f = (m->flags & PUBSUB_JSON ? IPC_JSON : 0) |
-               (m->flags & PUBSUB_EXACT ? IPC_EXACT : 0) |
-               (pat ? IPC_PATTERN : 0);
-  ipc_header(hdr, IPC_DELIVER, f, m->clen,
-             m->mlen + (pat ? m->plen + 4 : 0));
-  memcpy(hdr + IPC_HEADER, pubsub_msg_channel(m), m->clen);
-  int rc = reactor_conn_write(c, hdr, IPC_HEADER + m->clen);
-  if (rc == 0 && m->mlen) {
-    pubsub_msg_ref(m);
-    rc = reactor_conn_write_ref(c, pubsub_msg_body(m), m->mlen,
-                                lx__release_msg, m, NULL);
-  }
-  if (rc == 0 && pat) { /* the pattern, then its length */
-    uint32_t plen = (uint32_t)m->plen;
-    rc = reactor_conn_write(c, pubsub_msg_pattern(m), m->plen);
-    if (rc == 0) rc = reactor_conn_write(c, (const char *)&plen, 4);
-  }
-  if (rc == -ENOBUFS) {
-    /* Half a frame would corrupt the stream: the worker is too far behind
-     * to be told anything more, so it is cut off and replaced. */
-    log_error("pub/sub: worker %d is not keeping up (%zu bytes queued); "
-              "closing its link", (sink - 1) % srv->nworkers + 1,
-              reactor_conn_pending(c));
-    reactor_conn_force_close(c, CONN_ERROR);
-  }
-}
-
-void lx_ipc_worker_started(int sink, int fd, void *arg) {
-  lx_server_t *srv = arg;
-  lx_peer_t *p = &srv->peers[sink];
-  p->srv = srv;
-  p->index = sink;
-  p->uuid = 0;
-  ipc_reader_deinit(&p->reader);
-  ipc_reader_init(&p->reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  conn_opts_t opts = {.timeout_ms = 0,
-                      .write_limit = (size_t)64 << 20,
-                      .max_queue = (size_t)256 << 20};
-  reactor_adopt(srv->lanes[0]->r, fd, &lx_peer_proto, p, opts);
-}
-
-void lx_ipc_worker_exited(int sink, void *arg) {
-  lx_server_t *srv = arg;
-  pubsub_clear_sink(srv->ps, sink, lx_engine_gone, srv);
-}
-
-bool lx_ipc_drain(int sink, void *arg) {
-  lx_server_t *srv = arg;
-  lx_peer_t *p = &srv->peers[sink];
-  conn_t *c = p->uuid ? reactor_conn_find(srv->lanes[0]->r, p->uuid) : NULL;
-  char hdr[IPC_HEADER];
-  ipc_header(hdr, IPC_DRAIN, 0, 0, 0);
-  return c && reactor_conn_write(c, hdr, sizeof(hdr)) == 0;
-}
-
-void lx_ipc_ready(lx_server_t *srv) {
-  if (srv->ipc_fd < 0) return;
-  pthread_mutex_lock(&srv->ipc_lock);
-  if (lx__ipc_send_locked(srv, IPC_READY, 0, "", 0, NULL, 0))
-    log_error("cannot reach the root process: %s", strerror(errno));
-  pthread_mutex_unlock(&srv->ipc_lock);
-}
-
-void lx_ipc_watchdog(lx_server_t *srv) {
-  uint64_t now = reactor_clock_ms();
-  for (size_t i = 0; srv->lua_timeout_ms && i < srv->nlanes; i++) {
-    lx_lane_t *ln = srv->lanes[i];
-    uint64_t since = atomic_load_explicit(&ln->busy_since, memory_order_acquire);
-    if (!since || now + 1 - since <= srv->lua_timeout_ms) continue;
-    if (srv->stuck_told) return; /* no heartbeat either */
-    srv->stuck_told = true;
-    const char *what = atomic_load_explicit(&ln->busy_what, memory_order_relaxed);
-    char msg[160];
-    int n = snprintf(msg, sizeof(msg), "lane %zu has been running %s for "
-                     "%.1f s (over --lua-timeout)", i + 1,
-                     what ? what : "Lua", (double)(now + 1 - since) / 1000);
-    if (srv->ipc_fd < 0) {
-      log_error("%s; it serves nothing else until it returns", msg);
-      return;
-    }
-    pthread_mutex_lock(&srv->ipc_lock);
-    lx__ipc_send_locked(srv, IPC_STUCK, 0, "", 0, msg, (size_t)n);
-    pthread_mutex_unlock(&srv->ipc_lock);
-    return;
-  }
-  srv->stuck_told = false;
-  if (srv->ipc_fd < 0 || now - srv->beat_sent < 1000) return;
-  srv->beat_sent = now;
-  pthread_mutex_lock(&srv->ipc_lock);
-  lx__ipc_send_locked(srv, IPC_BEAT, 0, "", 0, NULL, 0);
-  pthread_mutex_unlock(&srv->ipc_lock);
-}
-
-void lx_ipc_free_peers(lx_server_t *srv) {
-  if (!srv->peers) return;
-  for (int i = 0; i < CLUSTER_SINKS(srv->nworkers); i++)
-    ipc_reader_deinit(&srv->peers[i].reader);
-  free(srv->peers);
-  srv->peers = NULL;
-}
-
-lx_peer_t *lx_ipc_new_peers(lx_server_t *srv) {
-  srv->peers = calloc((size_t)CLUSTER_SINKS(srv->nworkers), sizeof(*srv->peers));
-  return srv->peers;
 }

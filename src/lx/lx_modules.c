@@ -1,0 +1,80 @@
+/* lx_modules: the one table of the binding's Lua modules (lx_module.h):
+ * what each registers in a lane and what it ends when a lane stops, is
+ * retired by a reload or is freed. The only file that names them all; the
+ * lane runner walks this table. Order matters where noted. */
+#include "lx/lx.h"
+#include "lx/lx_module.h"
+
+/* ---- connections and services (lx_conn.c) ---- */
+
+/* A retired root lane's listeners go (the root serves none; the new lane
+ * has its own); its client connections stay. */
+static void conn_retire(lx_lane_t *ln) {
+  lx_service_t *s = ln->services, *next;
+  for (; s; s = next) {
+    next = s->next;
+    if (!s->client) lx_service_free(s);
+  }
+}
+
+/* Before the reactor goes: reactor_free frees the listeners itself. */
+static void conn_close(lx_lane_t *ln) {
+  for (lx_service_t *s = ln->services; s; s = s->next) s->listener = NULL;
+}
+
+static void conn_free(lx_lane_t *ln) {
+  while (ln->services) lx_service_free(ln->services);
+}
+
+/* ---- the moonport module (lx_moonport.c); timers, sleeps (lx_timer.c) ---- */
+
+static void moonport_init(lua_State *L, lx_lane_t *ln) {
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_moonport);
+  lua_setfield(L, -2, "moonport");
+  lua_pop(L, 2);
+}
+
+static void timer_retire(lx_lane_t *ln) {
+  lx_timers_stop_all(ln);
+  lx_sleeps_abandon(ln);
+}
+
+/* A timer's userdata may lose its last reference while its callback
+ * waits; the callback still needs it if it fails. */
+static int timer_anchor(const lx_run_t *run) {
+  return run->timer ? lx_timer_anchor(run->timer) : LUA_NOREF;
+}
+
+static void timer_failed(const lx_run_t *run) {
+  if (run->timer) lx_timer_failed(run->timer);
+}
+
+/* ---- the rest ---- */
+
+static void stats_init(lua_State *L, lx_lane_t *ln) {
+  (void)L;
+  ln->stats = lx_stats_slot(ln->srv, ln->index, ln->is_root);
+  if (ln->owns_r) reactor_set_stats(ln->r, ln->stats);
+}
+
+const lx_module_t lx_modules[] = {
+    /* conn first: its services (and their protocol settings) are freed
+     * before http's per-lane cache. */
+    {.name = "conn", .init = lx_conn_open, .retire = conn_retire,
+     .close = conn_close, .free = conn_free},
+    {.name = "ws", .init = lx_ws_open},
+    {.name = "moonport", .init = moonport_init},
+    {.name = "timer", .open = lx_timer_open, .retire = timer_retire,
+     .free = lx_sleeps_free, .run_kind = LX_TIMER, .run_anchor = timer_anchor,
+     .run_failed = timer_failed},
+    {.name = "pubsub", .open = lx_pubsub_open, .retire = lx_pubsub_cancel_all},
+    {.name = "http", .open = lx_http_open, .free = lx_http_lane_free},
+    {.name = "redis", .open = lx_redis_open, .close = lx_redis_close_all},
+    {.name = "stats", .init = stats_init, .open = lx_stats_open,
+     .start = lx_stats_lane_start, .stop = lx_stats_lane_stop},
+    {.name = "shared", .open = lx_shared_open},
+    {.name = NULL}};
+
+const lx_module_t *lx_binding_modules(void) { return lx_modules; }
