@@ -256,7 +256,7 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st);
 static void lx__ws_resume(conn_t *c, void *arg) {
   (void)arg;
   if (!c) return;
-  lx_stream_t *st = lx_http_stream(c);
+  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
   if (!st || st->kind != LX_KIND_WS) return;
   st->waiting = false;
   lx__ws_process(c, st);
@@ -314,7 +314,7 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st) {
   }
 }
 
-void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
+static void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
   if (st->kind != LX_KIND_WS || st->close_got) return; /* SSE: ignored */
   st->pinged = false;
   if (st->close_by) { /* reading resets the idle clock: keep the deadline */
@@ -398,7 +398,7 @@ lx_stream_t *lx_sse_new(lua_State *L, lx_lane_t *ln, conn_t *c, int opts,
 static void lx__sse_open(conn_t *c, void *arg) {
   (void)arg;
   if (!c) return;
-  lx_stream_t *st = lx_http_stream(c);
+  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
   if (!st || st->kind != LX_KIND_SSE || st->on_open == LUA_NOREF) return;
   lx_lane_t *ln = st->ln;
   int co_ref;
@@ -513,7 +513,7 @@ static lx_frame_t *lx__frame_new(lx_fwd_ctx_t *fc, int kind) {
 
 static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
   (void)ln;
-  lx_stream_t *st = lx_http_stream(c);
+  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
   if (!st || (st->kind == LX_KIND_WS && st->close_sent)) return;
   int i = st->kind == LX_KIND_WS ? 0 : 1;
   if (!fc->frame[i]) fc->frame[i] = lx__frame_new(fc, st->kind);
@@ -538,7 +538,7 @@ static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
 static lx_stream_t *lx__stream(lua_State *L, conn_t **cp) {
   lx_stream_ud_t *ud = lx_check_self(L, "websocket or sse object");
   conn_t *c = ud->uuid ? reactor_conn_find(lx__ln(L)->r, ud->uuid) : NULL;
-  lx_stream_t *st = c ? lx_http_stream(c) : NULL;
+  lx_stream_t *st = c ? http_conn_stream_of(c, &lx_stream_ops) : NULL;
   if (st && st->kind != ud->kind) st = NULL;
   *cp = st ? c : NULL;
   return st;
@@ -699,9 +699,9 @@ void lx_ws_open(lua_State *L, lx_lane_t *ln) {
   lua_pop(L, 1);
 }
 
-/* ---- connection events (from lx_http) ---- */
+/* ---- connection events (from the HTTP server, http/server.h) ---- */
 
-void lx_stream_ready(conn_t *c, lx_stream_t *st) {
+static void lx_stream_ready(conn_t *c, lx_stream_t *st) {
   if (st->kind != LX_KIND_WS || st->cfg->on_ready == LUA_NOREF) return;
   lx_lane_t *ln = st->ln;
   int co_ref;
@@ -711,7 +711,7 @@ void lx_stream_ready(conn_t *c, lx_stream_t *st) {
   lx_call_on(ln, co, co_ref, 1, LX_CONN, c, NULL, "on_ready");
 }
 
-void lx_stream_timeout(conn_t *c, lx_stream_t *st) {
+static void lx_stream_timeout(conn_t *c, lx_stream_t *st) {
   if (st->kind == LX_KIND_SSE) { /* a comment keeps proxies from timing out */
     if (reactor_conn_write(c, ":\n\n", 3) == 0) reactor_conn_set_timeout(c, reactor_conn_timeout(c));
     return;
@@ -725,7 +725,7 @@ void lx_stream_timeout(conn_t *c, lx_stream_t *st) {
   reactor_conn_set_timeout(c, reactor_conn_timeout(c));
 }
 
-void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
+static void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
   if (st->kind == LX_KIND_WS) {
     static const char why[] = "server shutting down";
     lx__ws_send_close(c, st, WS_CLOSE_GOING_AWAY, why, sizeof(why) - 1);
@@ -733,7 +733,7 @@ void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
   reactor_conn_close(c, CONN_SHUTDOWN);
 }
 
-void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
+static void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   lx_lane_t *ln = st->ln;
   (void)reason;
   stats_add(ln->stats, st->kind == LX_KIND_WS ? STAT_WS_CLOSED : STAT_SSE_CLOSED, 1);
@@ -762,3 +762,21 @@ void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   free(st->last_id);
   free(st);
 }
+
+/* The stream protocol object the HTTP server calls (http_stream_ops_t). */
+static void lx__ops_data(conn_t *c, void *st, const char *d, size_t n) {
+  lx_stream_data(c, st, d, n);
+}
+static void lx__ops_ready(conn_t *c, void *st) { lx_stream_ready(c, st); }
+static void lx__ops_timeout(conn_t *c, void *st) { lx_stream_timeout(c, st); }
+static void lx__ops_shutdown(conn_t *c, void *st) { lx_stream_shutdown(c, st); }
+static void lx__ops_closed(conn_t *c, void *st, int reason) {
+  lx_stream_closed(c, st, reason);
+}
+const http_stream_ops_t lx_stream_ops = {
+    .on_data = lx__ops_data,
+    .on_ready = lx__ops_ready,
+    .on_timeout = lx__ops_timeout,
+    .on_shutdown = lx__ops_shutdown,
+    .on_closed = lx__ops_closed,
+};
