@@ -94,7 +94,7 @@ void http_conn_drop_request(http_conn_t *hc) {
 
 /* ---- the response head ---- */
 
-const char *http_reason(int status) {
+static const char *sv__reason(int status) {
   switch (status) {
   case 100: return "Continue";
   case 101: return "Switching Protocols";
@@ -130,7 +130,7 @@ const char *http_reason(int status) {
   }
 }
 
-const char *http_date_now(void) {
+static const char *sv__date(void) {
   static __thread time_t last;
   static __thread char buf[32];
   time_t now = time(NULL);
@@ -141,18 +141,12 @@ const char *http_date_now(void) {
   return buf;
 }
 
+const char *http_reason(int status) { return sv__reason(status); }
+const char *http_date_now(void) { return sv__date(); }
+
 bool http_is_method(const http_request_t *r, const char *m) {
   size_t n = strlen(m);
   return r->method_len == n && memcmp(r->method, m, n) == 0;
-}
-
-http_head_t http_conn_head(const http_conn_t *hc, int status) {
-  http_head_t h = {.status = status,
-                   .keep_alive = hc->keep_alive,
-                   .http10 = hc->req->minor == 0,
-                   .head_only = hc->req->method_len == 4 &&
-                                memcmp(hc->req->method, "HEAD", 4) == 0};
-  return h;
 }
 
 static char *sv__put(char *p, const char *s, size_t n) {
@@ -193,10 +187,10 @@ int http_conn_write_head(conn_t *c, http_conn_t *hc, http_head_t *res,
   p = SV_PUT(p, "HTTP/1.1 ");
   p = sv__put_uint(p, (uint64_t)res->status);
   *p++ = ' ';
-  const char *reason = http_reason(res->status);
+  const char *reason = sv__reason(res->status);
   p = sv__put(p, reason, strlen(reason));
   p = SV_PUT(p, "\r\nDate: ");
-  p = sv__put(p, http_date_now(), 29);
+  p = sv__put(p, sv__date(), 29);
   p = SV_PUT(p, "\r\n");
   if (chunked) {
     p = SV_PUT(p, "Transfer-Encoding: chunked\r\n");
@@ -363,6 +357,8 @@ static void sv__upgrade(conn_t *c, http_conn_t *hc) {
     reactor_conn_close(c, CONN_LOCAL);
     return;
   }
+  hc->state = HTTP_C_BUSY; /* as for on_request */
+  reactor_conn_set_timeout(c, 0);
   hc->srv->on_upgrade(c, hc);
 }
 

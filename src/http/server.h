@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/stats.h"
 #include "http/http1.h"
@@ -78,7 +79,8 @@ struct http_server {
                      size_t blen);
   /* A valid WebSocket upgrade request (GET, HTTP/1.1, a 24-byte key,
    * version 13); NULL: upgrades are ordinary requests. The application
-   * accepts (http_conn_upgrade_101, then http_conn_stream) or answers. */
+   * accepts (http_conn_upgrade_101, then http_conn_stream) or answers.
+   * Both hooks are called in HTTP_C_BUSY with no timeout set. */
   void (*on_upgrade)(conn_t *c, http_conn_t *hc);
   /* A streamed body has news for a reader that waits (hc->reading): bytes,
    * its end, or hc->body_err ("timeout", "closed", "too large"...). */
@@ -151,9 +153,16 @@ typedef struct {
   size_t hlen;
 } http_head_t;
 
-/* A head for the request in hand: status 200, keep_alive, http10 and
+/* A head for the request in hand: `status`, keep_alive, http10 and
  * head_only from the request, no header lines. */
-http_head_t http_conn_head(const http_conn_t *hc, int status);
+static inline http_head_t http_conn_head(const http_conn_t *hc, int status) {
+  http_head_t h = {.status = status,
+                   .keep_alive = hc->keep_alive,
+                   .http10 = hc->req->minor == 0,
+                   .head_only = hc->req->method_len == 4 &&
+                                memcmp(hc->req->method, "HEAD", 4) == 0};
+  return h;
+}
 
 /* Small bodies go out in the same write as the head. */
 #define HTTP_INLINE_BODY 4096

@@ -356,8 +356,10 @@ static int lx__push_run(lua_State *L, void *arg) {
  * `runner_key`, in a pooled coroutine. The pushes are protected: out of
  * memory there fails this request (500) instead of panicking the process
  * (issue 16, item 13); a target that doesn't decode is a 400. */
-static void lx__run(conn_t *c, lx_hconn_t *hc, const char *body, size_t blen,
-                    const char *runner_key, int handler, const char *what) {
+/* inlined: its one hot caller is on_request, every request */
+static inline __attribute__((always_inline)) void
+lx__run(conn_t *c, lx_hconn_t *hc, const char *body, size_t blen,
+        const char *runner_key, int handler, const char *what) {
   lx_lane_t *ln = lx__svc(hc)->ln;
   struct lx__req_args ra = {c, hc, body, blen, runner_key, handler};
   int co_ref, n;
@@ -366,8 +368,8 @@ static void lx__run(conn_t *c, lx_hconn_t *hc, const char *body, size_t blen,
     http_conn_refuse(c, &hc->h, n == -ENOMEM ? 500 : 400);
     return;
   }
-  hc->h.state = HTTP_C_BUSY;
-  reactor_conn_set_timeout(c, 0); /* the handler takes what it takes */
+  /* the server set HTTP_C_BUSY and no timeout: the handler takes what it
+   * takes */
   lx_call_on(ln, co, co_ref, 2 + LX_REQ_PARTS, LX_CONN, c, NULL, what);
 }
 
