@@ -6,7 +6,8 @@
  * keep-alive decisions (HTTP/1.0, Connection: close); refusals (400, 408,
  * 413, 431, 505) and their closing; 100 Continue; chunked bodies; a
  * streamed body (stream_body) taken through the body calls; the 404
- * without on_request; the access log line. Every wait is bounded. Own
+ * without on_request; the access log line; http/stream.h's SSE events and
+ * shared frames. Every wait is bounded. Own
  * main(); checks from check.h. */
 #include "http/server.h"
 
@@ -25,6 +26,7 @@
 
 #include "check.h"
 #include "http/access.h"
+#include "http/stream.h"
 
 /* ---- the application: C hooks ---- */
 
@@ -351,6 +353,19 @@ int main(void) {
   line[ll] = 0;
   const char *ua = strstr(line, "\"uuu");
   CHECK(ua && strncmp(ua + 1 + 509, "...\" 0.250\n", 12) == 0 && ua[509] == 'u');
+
+  /* http/stream.h's pure parts: an SSE event's lines, a shared frame */
+  size_t el;
+  char *ev = http_sse_event("a\r\nb\rc\n", 7, "e", 1, "1", 1, 3, &el);
+  CHECK(ev && el == strlen("event: e\nid: 1\ndata: a\ndata: b\ndata: c\ndata: \n\n") &&
+        memcmp(ev + 3, "event: e\nid: 1\ndata: a\ndata: b\ndata: c\ndata: \n\n", el) == 0);
+  free(ev);
+  http_frame_t *fr = http_frame_ws("hi", 2, true);
+  CHECK(fr && fr->refs == 1 && fr->len == 4 && memcmp(fr->data, "\x81\x02hi", 4) == 0);
+  http_frame_unref(fr);
+  fr = http_frame_sse("x", 1);
+  CHECK(fr && fr->len == 9 && memcmp(fr->data, "data: x\n\n", 9) == 0);
+  http_frame_unref(fr);
 
   reactor_shutdown(g_r, 0);
   pthread_join(th, NULL);

@@ -326,7 +326,7 @@ void lx_conn_push_closed(lua_State *L, lx_lane_t *ln);
 /* A message framed for the wire (lx_ws.c), shared by reference by the
  * write queues of every subscriber it goes to; freed with its last
  * reference. Lane thread. */
-typedef struct lx_frame lx_frame_t;
+typedef struct http_frame lx_frame_t; /* http/stream.h */
 
 /* One message on its way to the subscribers of a lane that forward it
  * from C (a WebSocket's or an SSE stream's subscribe without a function):
