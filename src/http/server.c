@@ -144,10 +144,6 @@ static const char *sv__date(void) {
 const char *http_reason(int status) { return sv__reason(status); }
 const char *http_date_now(void) { return sv__date(); }
 
-bool http_is_method(const http_request_t *r, const char *m) {
-  size_t n = strlen(m);
-  return r->method_len == n && memcmp(r->method, m, n) == 0;
-}
 
 static char *sv__put(char *p, const char *s, size_t n) {
   memcpy(p, s, n);
