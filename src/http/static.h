@@ -4,7 +4,7 @@
  * dates. Nothing here touches the file system or allocates; every
  * function reads only the bytes it is given (no NUL terminator needed)
  * and may be called from any thread. The connection side (opening,
- * answering) is in src/lx/lx_http.c. */
+ * answering) is in src/http/public.c. */
 #ifndef MP_HTTP_STATIC_H
 #define MP_HTTP_STATIC_H
 

@@ -15,6 +15,7 @@
 #include "cluster/pubsub.h"
 #include "core/defer.h"
 #include "core/stats.h"
+#include "http/server.h"
 #include "net/reactor.h"
 #include "lx/lx_server.h" /* struct lx_server, and what src/server calls */
 #include "lx/lx_listen.h"
@@ -96,7 +97,7 @@ struct lx_lane {
   struct lx_service *services; /* every service of this lane */
   lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
-  struct lx_http_cache *http_cache; /* lx_http.c's, lx_http_lane_free */
+  struct http_cache *http_cache; /* mp.http's (http/server.h), lx_http_lane_free */
   stats_slot_t *stats;         /* its slot of srv->stats, or NULL */
   mp_timer_t stats_timer;      /* once a second: its gauges */
   bool loading;                /* the script's top level is running */
@@ -216,7 +217,7 @@ void lx_conn_push_closed(lua_State *L, lx_lane_t *ln);
 /* A message framed for the wire (lx_ws.c), shared by reference by the
  * write queues of every subscriber it goes to; freed with its last
  * reference. Lane thread. */
-typedef struct lx_frame lx_frame_t;
+typedef struct http_frame lx_frame_t; /* http/stream.h */
 
 /* One message on its way to the subscribers of a lane that forward it
  * from C (a WebSocket's or an SSE stream's subscribe without a function):
@@ -307,9 +308,7 @@ char *lx_stats_prometheus(lx_server_t *srv, size_t *len);
 /* mp.stats and mp.metrics into the table at the top of L. */
 void lx_stats_open(lua_State *L, lx_lane_t *ln);
 
-/* The stream (WebSocket or SSE) connection c became, or NULL. */
 typedef struct lx_stream lx_stream_t;
-lx_stream_t *lx_http_stream(conn_t *c);
 
 /* ---- lx_ws.c: WebSocket and SSE streams ---- */
 
@@ -326,7 +325,8 @@ int lx_ws_cfg_on_upgrade(const lx_ws_cfg_t *cfg);
 /* Registers the websocket and sse metatables in L. */
 void lx_ws_open(lua_State *L, lx_lane_t *ln);
 /* A WebSocket on c, whose 101 answer is sent (NULL: out of memory). The
- * caller makes lx_http_stream(c) return it, then calls lx_ws_begin:
+ * caller makes c a stream of it (http_conn_stream with lx_stream_ops),
+ * then calls lx_ws_begin:
  * on_open with the request push_req pushes, then the bytes that came
  * after the request. */
 lx_stream_t *lx_ws_new(lx_lane_t *ln, conn_t *c, const lx_ws_cfg_t *cfg);
@@ -341,12 +341,10 @@ lx_stream_t *lx_sse_new(lua_State *L, lx_lane_t *ln, conn_t *c, int opts,
 void lx_sse_begin(conn_t *c, lx_stream_t *st);
 /* Pushes the stream's Lua object. */
 void lx_stream_push(lua_State *L, lx_stream_t *st);
-/* Connection events of a stream; lx_stream_closed frees it. */
-void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len);
-void lx_stream_ready(conn_t *c, lx_stream_t *st);
-void lx_stream_timeout(conn_t *c, lx_stream_t *st);
-void lx_stream_shutdown(conn_t *c, lx_stream_t *st);
-void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason);
+/* The connection events of a stream (on_closed frees it), for
+ * http_conn_stream: the HTTP server hands a connection that became a
+ * WebSocket or SSE stream to these. */
+extern const http_stream_ops_t lx_stream_ops;
 
 /* The `moonport` module loader (package.preload). */
 int luaopen_moonport(lua_State *L);

