@@ -8,8 +8,12 @@
 #include <unistd.h>
 
 #include "core/log.h"
-#include "lx/lx.h"
+#include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_listen.h"
+#include "lx/lx_pubsub.h"
+#include "lx/lx_server.h"
 
 #define LX_CONN_MT "moonport.conn"
 /* Writes at least this long are queued by reference to the Lua string

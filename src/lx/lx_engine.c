@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include "core/log.h"
-#include "lx/lx.h"
+#include "lx/lx_engine.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_server.h"
 #include "redis/redis.h"
 
 /* A table published through Redis travels as this tag and its JSON, so

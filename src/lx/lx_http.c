@@ -19,8 +19,14 @@
 #include "http/http1.h"
 #include "http/public.h"
 #include "http/server.h"
-#include "lx/lx.h"
+#include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_http.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_moonport.h"
+#include "lx/lx_server.h"
+#include "lx/lx_stats.h"
+#include "lx/lx_ws.h"
 
 #define LX_RES_MT "moonport.http.response"
 #define LX_HTTP_ZERO_COPY_MIN 16384

@@ -10,9 +10,10 @@
 #include <unistd.h>
 
 #include "core/log.h"
-#include "lx/lx.h"
 #include "lx/lx_embed.h"
-#include "lx/lx_module.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_modules.h"
+#include "lx/lx_server.h"
 
 /* Registry key whose address identifies the lane of a lua_State. */
 static const char lx_lane_key = 0;

@@ -12,8 +12,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "lx/lx.h"
+#include "lx/lx_conn.h"
+#include "lx/lx_lane.h"
 #include "lx/lx_listen.h"
+#include "lx/lx_server.h"
 #include "net/sock.h"
 
 /* ---- shared listening sockets ---- */

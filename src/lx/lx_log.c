@@ -1,6 +1,7 @@
 /* lx_log: mp.log(level, ...), a script's lines in the server's log. */
 #include "core/log.h"
-#include "lx/lx.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_log.h"
 
 /* mp.log(level, ...): "error", "warn", "info" or "debug", then values
  * joined by spaces (tostring'd, like print) as one line of the log with

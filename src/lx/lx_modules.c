@@ -2,8 +2,18 @@
  * what each registers in a lane and what it ends when a lane stops, is
  * retired by a reload or is freed. The only file that names them all; the
  * lane runner walks this table. Order matters where noted. */
-#include "lx/lx.h"
-#include "lx/lx_module.h"
+#include "lx/lx_conn.h"
+#include "lx/lx_http.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_modules.h"
+#include "lx/lx_moonport.h"
+#include "lx/lx_pubsub.h"
+#include "lx/lx_redis.h"
+#include "lx/lx_server.h"
+#include "lx/lx_shared.h"
+#include "lx/lx_stats.h"
+#include "lx/lx_timer.h"
+#include "lx/lx_ws.h"
 
 /* ---- connections and services (lx_conn.c) ---- */
 

@@ -12,10 +12,14 @@
 #include <unistd.h>
 
 #include "core/log.h"
-#include "lx/lx.h"
+#include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_lane.h"
 #include "lx/lx_listen.h"
-#include "lx/lx_module.h"
+#include "lx/lx_log.h"
+#include "lx/lx_modules.h"
+#include "lx/lx_moonport.h"
+#include "lx/lx_server.h"
 #include "redis/redis.h"
 
 #define LX_LISTENER_MT "moonport.listener"

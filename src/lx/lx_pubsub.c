@@ -9,7 +9,9 @@
 #include "cluster/glob.h"
 #include "cluster/pubsub.h"
 #include "core/log.h"
-#include "lx/lx.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_pubsub.h"
+#include "lx/lx_server.h"
 #include "server/link.h"
 
 #define LX_SUB_MT "moonport.subscription"

@@ -9,8 +9,10 @@
 #include <string.h>
 
 #include "core/log.h"
-#include "lx/lx.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_redis.h"
+#include "lx/lx_server.h"
 #include "redis/redis.h"
 
 #define LX_REDIS_MT "moonport.redis"

@@ -52,7 +52,7 @@ struct lx_server {
   size_t nlanes;  /* lanes of this process (1 in the root) */
   size_t threads; /* lanes per worker (-t) */
   lx_lane_t **lanes;
-  /* The Lua modules whose hooks the lanes run (lx/lx_module.h; the
+  /* The Lua modules whose hooks the lanes run (lx/lx_modules.h; the
    * binding's table is lx_binding_modules()). Set before the first
    * lane. */
   const struct lx_module *modules;
@@ -159,26 +159,6 @@ void lx_lane_free_retired(lx_server_t *srv);
  * Any thread. */
 void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *srv);
 
-/* The Redis engine (lx_engine.c): started on reactor r if srv->redis_url
- * is set (0, or -1 after a log line); stopped; a worker forgets the
- * root's. */
-int lx_engine_start(lx_server_t *srv, reactor_t *r);
-void lx_engine_stop(lx_server_t *srv);
-void lx_engine_after_fork(lx_server_t *srv);
-/* The first subscriber of a channel or pattern in this server appeared
- * (add) or the last went: tells Redis. Any thread; callers keep these in
- * the order of their counts. No-op without an engine here. */
-void lx_engine_count(lx_server_t *srv, const char *ch, size_t len,
-                     bool pattern, bool add);
-/* pubsub_clear_sink's callback: a key lost its last subscriber. */
-void lx_engine_gone(const char *ch, size_t len, bool pattern, void *srv);
-/* Publishes through Redis (cluster scope). Any thread. Returns 0, or
- * -ENOBUFS (nothing sent) while LX_ENGINE_BACKLOG_MAX bytes of publishes
- * wait for a Redis that is slow or away. */
-#define LX_ENGINE_BACKLOG_MAX ((size_t)64 << 20)
-int lx_engine_publish(lx_server_t *srv, const char *ch, size_t clen,
-                      const char *msg, size_t mlen, bool json);
-
 /* Shared listening sockets (lx_listen.c): closes every one (unlinking Unix
  * paths), at exit; in a new worker process forgets the root's claims on
  * the inherited ones. */
@@ -195,5 +175,7 @@ const struct lx_module *lx_binding_modules(void);
 /* Unmaps this process's mp.shared dictionaries. At exit, after the lanes
  * are gone. */
 void lx_shared_free_all(lx_server_t *srv);
+
+#include "lx/lx_engine.h" /* the Redis engine, which src/server starts */
 
 #endif

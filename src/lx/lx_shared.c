@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "core/shdict.h"
-#include "lx/lx.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_server.h"
+#include "lx/lx_shared.h"
 
 #define LX_SHARED_MT "moonport.shared"
 /* keys() without a limit returns at most this many, as a guard against

@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "cluster/cluster.h"
-#include "lx/lx.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_server.h"
+#include "lx/lx_stats.h"
 #include "redis/redis.h"
 
 static int lx__per(const lx_server_t *srv) { return (int)srv->threads + 1; }

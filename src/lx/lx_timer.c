@@ -4,7 +4,9 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "lx/lx.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_server.h"
+#include "lx/lx_timer.h"
 
 #define LX_TIMER_MT "moonport.timer"
 

@@ -12,7 +12,11 @@
 #include "core/log.h"
 #include "http/stream.h"
 #include "http/ws.h"
-#include "lx/lx.h"
+#include "lx/lx_conn.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_pubsub.h"
+#include "lx/lx_server.h"
+#include "lx/lx_ws.h"
 
 #define LX_WS_MT "moonport.websocket"
 #define LX_SSE_MT "moonport.sse"

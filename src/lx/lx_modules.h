@@ -1,4 +1,4 @@
-/* lx_module: the Lua modules of the binding as the lane runner sees them:
+/* lx_modules: the Lua modules of the binding as the lane runner sees them:
  * one table (lx_modules, in lx_modules.c) lists each with the hooks it
  * needs at the points of a lane's life. The runner (lx_lane.c) walks the
  * table it is given (lx_server.modules) and names no module.
@@ -6,10 +6,11 @@
  * Contract. Every hook may be NULL. They run on the lane's thread, or on
  * the main thread while the lane does not run yet (init) or no more
  * (close, free). Hooks of one kind run in table order. */
-#ifndef MP_LX_MODULE_H
-#define MP_LX_MODULE_H
+#ifndef MP_LX_MODULES_H
+#define MP_LX_MODULES_H
 
-#include "lx/lx.h"
+#include "lx/lx_lane.h"
+#include "lx/lx_server.h"
 
 typedef struct lx_module {
   const char *name; /* NULL ends the table */

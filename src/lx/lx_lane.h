@@ -1,0 +1,157 @@
+/* lx_lane: a lane (one thread, one reactor, one lua_State) and its
+ * callback runner: pooled coroutines, waiting (the arm/resume contract),
+ * errors. Every other lx_ header builds on this one. Lane thread only,
+ * unless a prototype says otherwise. */
+#ifndef MP_LX_LANE_H
+#define MP_LX_LANE_H
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cluster/ipc.h"
+#include "cluster/pubsub.h"
+#include "core/defer.h"
+#include "core/stats.h"
+#include "http/server.h"
+#include "net/reactor.h"
+#include "lx/lx_server.h" /* struct lx_server, and what src/server calls */
+
+typedef struct lx_timer lx_timer_t;
+
+/* What a callback is about, for error handling and for holding. */
+enum { LX_PLAIN = 0, LX_CONN, LX_TIMER };
+
+typedef struct {
+  lua_State *co;
+  int co_ref;
+  int kind;
+  conn_t *c;          /* LX_CONN: held while suspended */
+  lx_timer_t *timer;  /* LX_TIMER: stopped on error */
+  const char *what;   /* "on_data", "timer", ... for the log */
+  int anchor;         /* registry ref keeping `timer` alive while suspended */
+} lx_run_t;
+
+/* How a waiting API suspends a callback: from Lua it yields
+ * (lx_wait_token, arm, args...). The runner recognises the token, holds
+ * the callback (its connection, or the lane) and calls arm(ln, run, co)
+ * with the args at co's stack index 3 and up; arm keeps a copy of *run and
+ * later calls lx_resume with what the wait returns. arm returns 0, or a
+ * negative errno, and then the callback fails with that error. A yield
+ * without the token is reported as an error. */
+typedef int (*lx_arm_fn)(lx_lane_t *ln, const lx_run_t *run, lua_State *co);
+extern const char lx_wait_token;
+/* Pushes the real coroutine.yield (scripts see a checked one that raises
+ * when a callback's own coroutine yields outside a waiting API). */
+void lx_push_raw_yield(lua_State *L);
+/* Pushes a Lua function f(...) that calls check(...) (a C function with the
+ * lane as upvalue 1, which raises on misuse) and then waits through arm. */
+void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
+                    lx_arm_fn arm);
+/* Raises unless L is the coroutine of the callback now running. */
+void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api);
+
+/* A suspended callback waiting for a timer (mp.sleep). */
+typedef struct lx_sleep {
+  mp_timer_t timer;
+  lx_run_t run;
+  lx_lane_t *ln;
+  struct lx_sleep *prev, *next;
+} lx_sleep_t;
+
+/* Everything in a lane belongs to the lane's thread (after start-up, which
+ * runs on the main thread before the lane thread exists). */
+struct lx_lane {
+  lx_server_t *srv;
+  int index; /* 0-based; Lua sees index + 1 */
+  bool is_root; /* the root process's lane: runs the script, serves nothing */
+  reactor_t *r;
+  lua_State *L;
+  lx_run_t *running;  /* the callback now running, or NULL */
+  /* For the watchdog (read by the main thread): when the outermost
+   * callback now running started (reactor_clock_ms() + 1; 0: none), and
+   * its name. */
+  _Atomic uint64_t busy_since;
+  _Atomic(const char *) busy_what;
+  struct lx_idle_co {
+    lua_State *co;
+    int ref; /* registry anchor */
+  } *idle;   /* coroutines ready for the next callback */
+  int idle_n, idle_cap;
+  int start_ref, stop_ref, worker_start_ref,
+      reload_ref; /* lists of mp.on handlers */
+  int subs_ref, psubs_ref; /* { [channel or pattern] = { sub, ... } } */
+  int conn_subs_ref;       /* { [uuid] = { sub, ... } } */
+  bool closing;            /* being freed: posted tasks only clean up */
+  bool owns_r;             /* false: a root lane on the root's reactor */
+  bool retired;            /* replaced by a reload: runs only what its
+                              remaining connections need, then is freed */
+  _Atomic int tasks;       /* posted tasks that will use the lane */
+  struct lx_timer *timers; /* running mp.after / mp.every timers */
+  bool free_posted;        /* retired: its free is queued */
+  lx_lane_t *next_retired; /* srv->retired */
+  struct lx_redis *redis_clients; /* open mp.redis clients */
+  struct lx_service *services; /* every service of this lane */
+  lx_sleep_t *sleeps;          /* suspended in mp.sleep */
+  int port0_listens;           /* mp.listen calls with port 0 so far */
+  struct http_cache *http_cache; /* mp.http's (http/server.h), lx_http_lane_free */
+  stats_slot_t *stats;         /* its slot of srv->stats, or NULL */
+  mp_timer_t stats_timer;      /* once a second: its gauges */
+  bool loading;                /* the script's top level is running */
+};
+
+
+/* Pushes the server-wide id of connection `uuid` of this process:
+ * "SERIAL-UUID", a string no other connection of the server has (a uuid
+ * is unique only within its process). */
+void lx_push_uid(lua_State *L, lx_server_t *srv, sock_uuid_t uuid);
+/* A task posted for lane ln is done (see lx_lane_t.tasks). */
+void lx_lane_task_done(lx_lane_t *ln);
+/* A service of lane ln was freed (a retired lane may be done). */
+void lx_lane_service_gone(lx_lane_t *ln);
+
+/* Takes the function and nargs arguments on top of `from` (a coroutine of
+ * this lane, or its main state) and runs them in a pooled coroutine. */
+void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
+             lx_timer_t *timer, const char *what);
+/* Pushes the function at registry `ref` onto a fresh pooled coroutine and
+ * returns it, for callers that push arguments straight onto it (the hot
+ * path). Then lx_call_on(ln, co, ref, nargs, ...), which returns whether
+ * the callback is suspended (waiting) rather than done or failed. */
+lua_State *lx_co_take(lx_lane_t *ln, int *co_ref);
+bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
+                conn_t *c, lx_timer_t *timer, const char *what);
+/* lx_co_take and the pushes of a callback's function and arguments, in
+ * protected mode, for the callers whose pushes allocate (a request, a
+ * chunk of data): out of memory there must fail that one callback, not
+ * panic the process (issue 16, item 13). push(L, arg) pushes the function
+ * and its arguments onto L (the lane's main state), at most LX_PUSH_MAX
+ * values, and returns how many, or a negative number to start nothing.
+ * Returns the coroutine with the values on it (*nargs: their count, the
+ * function included) and *co_ref; or NULL with *nargs the negative number
+ * push returned, or -ENOMEM (logged) when a push or the take ran out of
+ * memory. */
+#define LX_PUSH_MAX 16
+lua_State *lx_co_take_push(lx_lane_t *ln, int *co_ref,
+                           int (*push)(lua_State *L, void *arg), void *arg,
+                           int *nargs);
+/* Drops a suspended callback for good: releases what it held. */
+void lx_run_abandon(lx_lane_t *ln, lx_run_t *run);
+/* Continues a suspended callback (the run was copied when it suspended). */
+void lx_resume(lx_lane_t *ln, lx_run_t *run, int nargs);
+
+/* Runs every function of the list at registry `list_ref`. */
+void lx_call_list(lx_lane_t *ln, int list_ref, const char *what);
+
+/* The lane of a state (from the registry). */
+lx_lane_t *lx_lane_of(lua_State *L);
+
+/* Pushes nil and a message for a negative errno, returns 2. */
+int lx_push_fail(lua_State *L, int err);
+/* A lower-case message for a negative errno ("connection refused"). */
+const char *lx_errmsg(int err, char *buf, size_t len);
+
+#endif
