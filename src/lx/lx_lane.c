@@ -18,10 +18,6 @@
 /* Registry key whose address identifies the lane of a lua_State. */
 static const char lx_lane_key = 0;
 
-#ifndef MOONPORT_LUA_DIR
-#define MOONPORT_LUA_DIR "lua"
-#endif
-
 #define LX_IDLE_MAX 256
 
 lx_lane_t *lx_lane_of(lua_State *L) {
@@ -339,13 +335,15 @@ void lx_call_list(lx_lane_t *ln, int list_ref, const char *what) {
 
 /* ---- lanes ---- */
 
+/* The script's folder first on package.path (moonport's own modules come
+ * from package.preload: lx_embed.h). */
 static void lx__set_paths(lua_State *L, const char *script) {
   char *copy = strdup(script);
   const char *dir = copy ? dirname(copy) : ".";
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "path");
-  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s/?.lua;%s/?/init.lua;%s", dir,
-                  dir, MOONPORT_LUA_DIR, MOONPORT_LUA_DIR, lua_tostring(L, -1));
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir,
+                  lua_tostring(L, -1));
   lua_setfield(L, -3, "path");
   lua_pop(L, 2);
   free(copy);
