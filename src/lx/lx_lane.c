@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "lx/lx.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_client.h"
 
 /* Registry key whose address identifies the lane of a lua_State. */
 static const char lx_lane_key = 0;
@@ -470,6 +471,7 @@ void lx_lane_free(lx_lane_t *ln) {
    * use the Lua state. reactor_free frees the listeners too. */
   for (struct lx_service *s = ln->services; s; s = s->next) s->listener = NULL;
   lx_redis_close_all(ln); /* their sockets are on the reactor */
+  lx_client_lane_free(ln); /* mp.tcp, mp.resolve: on the reactor too */
   if (ln->owns_r) reactor_free(ln->r);
   while (ln->sleeps) {
     lx_sleep_t *s = ln->sleeps;

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "lx/lx.h"
+#include "lx/lx_client.h"
 #include "lx/lx_embed.h"
 #include "redis/redis.h"
 
@@ -780,6 +781,7 @@ int luaopen_moonport(lua_State *L) {
   lx_pubsub_open(L, ln);
   lx_http_open(L, ln);
   lx_redis_open(L, ln);
+  lx_client_open(L, ln); /* mp.resolve, mp.tcp, mp.wait */
   lx_stats_open(L, ln);
   lx_shared_open(L, ln);
   lua_pushliteral(L, MOONPORT_VERSION);
