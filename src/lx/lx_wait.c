@@ -18,7 +18,8 @@
 enum { W_NEW = 0, W_ARMED, W_DONE };
 
 struct lx_wake {
-  lx_client_t *cl; /* NULL once the lane's client state is gone */
+  lx_lane_t *ln;
+  lx_client_t *cl; /* while armed (on cl->wakes), else NULL */
   int state;
   bool woken;      /* fired (not timed out) */
   bool queued;     /* a resume task is posted */
@@ -37,12 +38,13 @@ static void lx__unlink(lx_wake_t *w) {
     w->cl->wakes = w->next;
   if (w->next) w->next->prev = w->prev;
   w->prev = w->next = NULL;
+  w->cl = NULL;
 }
 
 /* Resumes the waiter: true and nothing else when woken (the Lua half
  * returns what wake got), nil and "timeout" otherwise. */
 static void lx__resume(lx_wake_t *w) {
-  lx_lane_t *ln = w->cl->ln;
+  lx_lane_t *ln = w->ln;
   lx__unlink(w);
   lx_run_t run = w->run;
   int anchor = w->anchor;
@@ -64,7 +66,7 @@ static void lx__task(void *a, void *b) {
   (void)b;
   lx_wake_t *w = a;
   w->queued = false;
-  if (!w->cl || w->cl->closing || w->cl->ln->closing) return;
+  if (!w->cl || w->cl->closing || w->ln->closing) return;
   lx__resume(w);
 }
 
@@ -78,11 +80,9 @@ static void lx__timeout(mp_timer_t *t) {
 /* core.wake.new(): a latch. */
 static int lx_wake_new(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
-  lx_client_t *cl = lx_client_of(ln);
-  if (!cl) return luaL_error(L, "mp.wait: out of memory");
   lx_wake_t *w = lua_newuserdata(L, sizeof(*w));
   memset(w, 0, sizeof(*w));
-  w->cl = cl;
+  w->ln = ln;
   w->anchor = LUA_NOREF;
   timer_init(&w->timer);
   luaL_getmetatable(L, LX_WAKE_MT);
@@ -94,15 +94,14 @@ static int lx_wake_new(lua_State *L) {
  * half keeps the values then); false after. */
 static int lx_wake_fire(lua_State *L) {
   lx_wake_t *w = luaL_checkudata(L, 1, LX_WAKE_MT);
-  if (w->state == W_DONE || !w->cl) {
+  if (w->state == W_DONE || w->ln->closing) {
     lua_pushboolean(L, 0);
     return 1;
   }
   w->woken = true;
   if (w->state == W_ARMED) {
-    if (w->timer.armed)
-      timer_stop(reactor_timers(w->cl->ln->r), &w->timer);
-    if (reactor_defer(w->cl->ln->r, lx__task, w, NULL)) {
+    if (w->timer.armed) timer_stop(reactor_timers(w->ln->r), &w->timer);
+    if (reactor_defer(w->ln->r, lx__task, w, NULL)) {
       /* No memory for the task: resume now rather than never. */
       w->state = W_DONE;
       lx__resume(w);
@@ -127,7 +126,9 @@ static int lx_wake_check(lua_State *L) {
 static int lx_wake_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lx_wake_t *w = lua_touserdata(co, 3);
   uint32_t ms = (uint32_t)lua_tonumber(co, 4);
-  if (!w->cl || w->state != W_NEW) return -EINVAL;
+  lx_client_t *cl = lx_client_of(ln);
+  if (!cl || cl->closing) return -ESHUTDOWN;
+  if (w->state != W_NEW) return -EINVAL;
   w->run = *run;
   if (ms && timer_start(reactor_timers(ln->r), &w->timer, reactor_now(ln->r),
                         ms, 0, 1, lx__timeout, NULL, w))
@@ -135,9 +136,10 @@ static int lx_wake_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lua_pushvalue(co, 3);
   w->anchor = luaL_ref(co, LUA_REGISTRYINDEX);
   w->state = W_ARMED;
-  w->next = w->cl->wakes;
+  w->cl = cl;
+  w->next = cl->wakes;
   if (w->next) w->next->prev = w;
-  w->cl->wakes = w;
+  cl->wakes = w;
   return 0;
 }
 
@@ -145,10 +147,9 @@ static int lx_wake_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
  * here belongs to a callback that was dropped. */
 static int lx_wake_gc(lua_State *L) {
   lx_wake_t *w = luaL_checkudata(L, 1, LX_WAKE_MT);
-  if (!w->cl) return 0;
-  if (w->timer.armed) timer_stop(reactor_timers(w->cl->ln->r), &w->timer);
+  if (!w->cl) return 0; /* not armed, or the lane's state is gone */
+  if (w->timer.armed) timer_stop(reactor_timers(w->ln->r), &w->timer);
   lx__unlink(w);
-  w->cl = NULL;
   return 0;
 }
 
@@ -156,8 +157,7 @@ void lx_wait_free_all(lx_client_t *cl) {
   while (cl->wakes) {
     lx_wake_t *w = cl->wakes;
     if (w->timer.armed) timer_stop(reactor_timers(cl->ln->r), &w->timer);
-    lx__unlink(w);
-    w->cl = NULL; /* its anchor goes with the Lua state */
+    lx__unlink(w); /* its anchor goes with the Lua state */
   }
 }
 
