@@ -133,3 +133,52 @@ describe("mp.tcp", function()
     assert.is_true(app:alive())
   end)
 end)
+
+describe("mp.tcp send", function()
+  after_each(H.cleanup)
+
+  it("a send bigger than the write limit waits until the slow peer took it, then returns the count", function()
+    local pport = H.free_port()
+    local peer = H.start("tcp_peer.lua", { args = { pport }, wait_port = pport, threads = 1 })
+    local port = H.free_port()
+    local app = H.start("client_app.lua", { args = { port }, wait_port = port, threads = 1 })
+    local c = H.connect(port)
+    local r = ask(c, "bigsend " .. pport .. " 8", H.T(20))
+    local n, got, ms = r:match("^ok (%d+) got (%d+) (%d+)$")
+    assert.truthy(n, r)
+    assert.equal(8 * 1024 * 1024, tonumber(n))
+    assert.equal(8 * 1024 * 1024, tonumber(got))
+    -- the peer reads 64 KiB per 20 ms: most of 8 MiB waited in the queue
+    assert.is_true(tonumber(ms) >= 500, r)
+    assert.equal(0, app:stop())
+    assert.equal(0, peer:stop())
+  end)
+end)
+
+describe("mp.tcp, mp.resolve and mp.wait at shutdown", function()
+  after_each(H.cleanup)
+
+  it("a read, a lookup and an mp.wait in progress end with the server, which exits cleanly", function()
+    local stub = H.spawn({ "/usr/bin/python3", H.fixture("dns_stub.py") })
+    local dport = stub:wait_stdout("ready (%d+)", H.T(5))
+    local pport = H.free_port()
+    local peer = H.start("tcp_peer.lua", { args = { pport }, wait_port = pport, threads = 1 })
+    local port = H.free_port()
+    local app = H.start("client_app.lua", {
+      args = { port }, wait_port = port, threads = 1, grace = 1,
+      env = { MOONPORT_DNS_SERVERS = "127.0.0.1:" .. dport },
+    })
+    local cs = {}
+    for i, cmd in ipairs({ "hang_read " .. pport, "hang_dns", "hang_wait", "pool " .. pport .. " 1" }) do
+      cs[i] = H.connect(port)
+      H.send(cs[i], cmd .. "\n")
+    end
+    assert.matches("^ok hi", H.read_line(cs[4])) -- one connection in the pool
+    stub:wait_stdout("query never.test", H.T(5))
+    H.sleep(0.2)
+    local t0 = H.now()
+    assert.equal(0, app:stop(H.SIGTERM, H.T(10)))
+    assert.is_true(H.now() - t0 < H.T(5), "shutdown waited for the 60 s timeouts")
+    assert.equal(0, peer:stop())
+  end)
+end)
