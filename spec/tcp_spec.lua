@@ -21,7 +21,9 @@ describe("mp.tcp", function()
     peer = H.start("tcp_peer.lua", { args = { pport, sock_path }, wait_port = pport,
                                      wait_path = sock_path, threads = 1 })
     port = H.free_port()
-    app = H.start("client_app.lua", { args = { port }, wait_port = port, threads = 1 })
+    -- MOONPORT_TEST_THREADS lanes (1 by default): every command runs on
+    -- one lane, and the pool keys keep the commands apart
+    app = H.start("client_app.lua", { args = { port }, wait_port = port })
   end)
   teardown(function()
     -- SIGTERM: the lane frees its sockets, pool and resolver (ASan sees it)
@@ -70,6 +72,10 @@ describe("mp.tcp", function()
     assert.is_true(ms >= 290 and ms < 1000 * H.T(1.5), r)
   end)
 
+  it("a read that timed out keeps its bytes for the next read, of another mode", function()
+    assert.equal("ok nil timeout nil a", ask(c, "switch " .. pport))
+  end)
+
   it("a peer that closes: the line before, then nil, \"closed\" for reads and sends", function()
     assert.equal('ok bye|nil|closed|""|nil|closed', ask(c, "closed " .. pport))
   end)
@@ -106,6 +112,7 @@ describe("mp.tcp", function()
 
   it("every buffered read has a limit with a clear error", function()
     assert.equal("err line too long", ask(c, "linelimit " .. pport))
+    assert.equal("err line too long", ask(c, "linelimit2 " .. pport))
     assert.equal("err max_buffer exceeded", ask(c, "alllimit " .. pport))
     assert.equal("err max_buffer exceeded", ask(c, "untillimit " .. pport))
     assert.equal("err max_buffer exceeded", ask(c, "nlimit " .. pport))

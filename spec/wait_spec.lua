@@ -11,7 +11,7 @@ describe("mp.wait", function()
   local app, port, c
   setup(function()
     port = H.free_port()
-    app = H.start("client_app.lua", { args = { port }, wait_port = port, threads = 1 })
+    app = H.start("client_app.lua", { args = { port }, wait_port = port })
   end)
   teardown(function()
     assert.equal(0, app:stop())

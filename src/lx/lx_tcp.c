@@ -289,6 +289,7 @@ static int lx__read_result(lx_tcp_t *s, lua_State *L) {
                                      : NULL;
     if (nl) {
       size_t l = (size_t)(nl - p);
+      if (l > s->max_line) return lx__limit(s, L, "line too long");
       lua_pushlstring(L, p, l > 0 && p[l - 1] == '\r' ? l - 1 : l);
       lx__consume(s, l + 1);
       return 1;
@@ -424,9 +425,7 @@ static void lx__gone(conn_t *c, int err, int reason) {
 }
 
 static void lx__on_close(conn_t *c, int reason) { lx__gone(c, 0, reason); }
-static void lx__on_fail(conn_t *c, int err) {
-  lx__gone(c, err == -ETIMEDOUT ? -ETIMEDOUT : err, CONN_ERROR);
-}
+static void lx__on_fail(conn_t *c, int err) { lx__gone(c, err, CONN_ERROR); }
 
 static const proto_t lx_tcp_proto = {
     .on_open = lx__on_open,
@@ -593,11 +592,12 @@ static int lx_tcp_recv(lua_State *L) {
     return 2;
   }
   s->rmode = mode;
+  /* What an earlier call searched was for its own mode or pattern. */
+  s->scan = 0;
   if (mode == R_N) {
     lua_Number n = luaL_checknumber(L, 3);
-    if (!(n >= 0 && n == (lua_Number)(size_t)n))
-      return luaL_argerror(L, 1, "a byte count >= 0");
-    if ((size_t)n > s->max_buffer) {
+    if (!(n >= 0)) return luaL_argerror(L, 3, "a byte count >= 0");
+    if (n > (lua_Number)s->max_buffer) {
       lua_pushnil(L);
       lua_pushliteral(L, "max_buffer exceeded");
       return 2;
@@ -613,7 +613,6 @@ static int lx_tcp_recv(lua_State *L) {
       free(s->pat);
       s->pat = copy;
       s->plen = plen;
-      s->scan = 0;
     }
     s->incl = lua_toboolean(L, 4);
   } else if (mode != R_LINE && mode != R_ALL) {
