@@ -41,7 +41,7 @@ enum { R_N = 0, R_LINE, R_ALL, R_UNTIL };
 
 #define LX_TCP_MAX_BUFFER ((size_t)1 << 20)   /* default max_buffer */
 #define LX_TCP_MAX_LINE ((size_t)64 << 10)    /* default max_line */
-#define LX_TCP_MAX_PATTERN 4096
+#define LX_TCP_KEEP_BUF ((size_t)64 << 10) /* an empty buffer kept */
 #define LX_TCP_POOL_SIZE 30      /* default per key */
 #define LX_TCP_POOL_MAX 1024     /* per lane, all keys */
 #define LX_TCP_IDLE_MS 60000     /* default idle time in the pool */
@@ -236,7 +236,14 @@ static size_t lx__avail(const lx_tcp_t *s) { return s->len - s->off; }
 static void lx__consume(lx_tcp_t *s, size_t n) {
   s->off += n;
   s->scan = 0;
-  if (s->off == s->len) s->off = s->len = 0;
+  if (s->off == s->len) {
+    s->off = s->len = 0;
+    if (s->cap > LX_TCP_KEEP_BUF) { /* a big read's buffer goes with it */
+      free(s->buf);
+      s->buf = NULL;
+      s->cap = 0;
+    }
+  }
   if (s->paused && s->c && lx__avail(s) <= s->max_buffer) {
     s->paused = false;
     reactor_conn_resume(s->c);
