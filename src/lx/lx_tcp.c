@@ -504,7 +504,13 @@ static int lx_tcp_arm_connect(lx_lane_t *ln, const lx_run_t *run,
   }
   if (rc) {
     lx__set_closed_err(s, rc);
-    return lx__post_try(s);
+    if (lx__post_try(s)) { /* the callback fails instead: undo the arm */
+      lx__timer_stop(s);
+      luaL_unref(co, LUA_REGISTRYINDEX, s->anchor);
+      s->anchor = LUA_NOREF;
+      s->op = OP_NONE;
+      return -ENOMEM;
+    }
   }
   return 0;
 }
