@@ -2,6 +2,7 @@
  * what each registers in a lane and what it ends when a lane stops, is
  * retired by a reload or is freed. The only file that names them all; the
  * lane runner walks this table. Order matters where noted. */
+#include "lx/lx_client.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_http.h"
 #include "lx/lx_lane.h"
@@ -82,6 +83,8 @@ const lx_module_t lx_modules[] = {
     {.name = "pubsub", .open = lx_pubsub_open, .retire = lx_pubsub_cancel_all},
     {.name = "http", .open = lx_http_open, .free = lx_http_lane_free},
     {.name = "redis", .open = lx_redis_open, .close = lx_redis_close_all},
+    /* mp.resolve, mp.tcp, mp.wait: their sockets are on the reactor */
+    {.name = "client", .open = lx_client_open, .close = lx_client_lane_free},
     {.name = "stats", .init = stats_init, .open = lx_stats_open,
      .start = lx_stats_lane_start, .stop = lx_stats_lane_stop},
     {.name = "shared", .open = lx_shared_open},

@@ -1,0 +1,108 @@
+-- mp.tcp: a client socket whose calls wait only their coroutine, in the
+-- shape of OpenResty's cosockets so drivers written for them port easily.
+--
+--   local s, err = mp.tcp { host = "127.0.0.1", port = 6379, timeout = 1000 }
+--   local s, err = mp.tcp("db.local", 5432)          -- or { path = "/run/x.sock" }
+--   s:send("PING\r\n")                               -- bytes, or nil, err
+--   local line, err, partial = s:receive("*l")       -- also n, "*a"
+--   local read = s:receiveuntil("\r\n\r\n", { inclusive = false })
+--   local head = read()                               -- next piece, or nil, err
+--   s:setkeepalive(10000, 16)                         -- into the lane's pool
+--
+-- Failures are nil and "timeout", "closed", or another message. The buffer,
+-- the timers, the pool and the connection itself are src/lx/lx_tcp.c.
+local core = require("moonport.core")
+local C = core.tcp
+local new, recv, send = C.new, C.recv, C.send
+local arm_connect, arm_io = C.arm_connect, C.arm_io
+local R_N, R_LINE, R_ALL, R_UNTIL = C.R_N, C.R_LINE, C.R_ALL, C.R_UNTIL
+local yield, TOKEN = core.raw_yield, core.wait_token
+local type, error, tostring, concat = type, error, tostring, table.concat
+
+local methods = {
+  settimeouts = C.settimeouts,
+  settimeout = C.settimeout,
+  setkeepalive = C.setkeepalive,
+  getreusedtimes = C.getreusedtimes,
+  close = C.close,
+}
+
+local function read(self, mode, arg, incl)
+  local a, b, c = recv(self, mode, arg, incl)
+  if a ~= false then return a, b, c end
+  return yield(TOKEN, arm_io, self)
+end
+
+-- s:receive(n | "*l" | "*a"): n bytes, a line without its "\n" (and "\r"),
+-- or everything up to the peer's close. On failure nil, err and what was
+-- read (the partial data).
+function methods:receive(pat)
+  if pat == nil or pat == "*l" or pat == "l" then return read(self, R_LINE) end
+  if pat == "*a" or pat == "a" then return read(self, R_ALL) end
+  if type(pat) == "number" then
+    if pat < 0 or pat % 1 ~= 0 then
+      error("receive: the byte count must be a whole number >= 0", 2)
+    end
+    return read(self, R_N, pat)
+  end
+  error("receive: expects a byte count, \"*l\" or \"*a\", got " .. tostring(pat), 2)
+end
+
+-- s:receiveuntil(pattern [, { inclusive = true }]): an iterator; each call
+-- returns the bytes up to the next occurrence of the plain pattern (with
+-- it when inclusive), or nil, err, partial.
+function methods:receiveuntil(pat, opts)
+  if type(pat) ~= "string" or #pat == 0 or #pat > 4096 then
+    error("receiveuntil: the pattern must be a string of 1 to 4096 bytes", 2)
+  end
+  local incl = type(opts) == "table" and opts.inclusive and true or false
+  return function() return read(self, R_UNTIL, pat, incl) end
+end
+
+-- s:send(data): the number of bytes, once the kernel took them all (a
+-- peer that does not read makes it wait, bounded by the send timeout);
+-- data is a string, a number or an array of them.
+function methods:send(data)
+  local t = type(data)
+  if t == "table" then
+    data = concat(data)
+  elseif t ~= "string" and t ~= "number" then
+    error("send: expects a string, a number or an array of them", 2)
+  end
+  local n, err = send(self, data)
+  if n ~= false then return n, err end
+  return yield(TOKEN, arm_io, self)
+end
+
+C.mt.__index = methods
+
+local function opt_num(v, what)
+  if v ~= nil and type(v) ~= "number" then
+    error("mp.tcp: " .. what .. " must be a number", 3)
+  end
+  return v
+end
+
+-- mp.tcp { host =, port = | path =, timeout =, max_buffer =, max_line = }
+-- or mp.tcp(host, port [, opts]).
+return function(a, b, c)
+  local o
+  if type(a) == "table" then
+    o = a
+  elseif type(a) == "string" then
+    o = type(c) == "table" and c or {}
+    o = { host = a, port = b, timeout = o.timeout, max_buffer = o.max_buffer,
+          max_line = o.max_line }
+  else
+    error("mp.tcp: expects { host =, port = } or { path = }, or host, port", 2)
+  end
+  local host, path = o.host, o.path
+  if path ~= nil and type(path) ~= "string" then error("mp.tcp: path must be a string", 2) end
+  if host ~= nil and type(host) ~= "string" then error("mp.tcp: host must be a string", 2) end
+  local s, ready = new(host, opt_num(o.port, "port"), path, opt_num(o.timeout, "timeout"),
+    opt_num(o.max_buffer, "max_buffer"), opt_num(o.max_line, "max_line"))
+  if ready then return s end
+  local ok, err = yield(TOKEN, arm_connect, s)
+  if not ok then return nil, err end
+  return s
+end

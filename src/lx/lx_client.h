@@ -1,0 +1,52 @@
+/* lx_client: what a handler uses to reach the world and wait for it, per
+ * lane: mp.resolve (lx_dns.c, on the lane's c-ares resolver), mp.tcp
+ * (lx_tcp.c, waiting sockets and their keep-alive pool) and mp.wait
+ * (lx_wait.c, a callback API turned into a wait).
+ *
+ * The per-lane state (lx_client_t) is made on the lane's first use of any
+ * of them and freed by lx_client_lane_free. Everything here belongs to
+ * the lane's thread. */
+#ifndef MP_LX_CLIENT_H
+#define MP_LX_CLIENT_H
+
+#include "lx/lx_lane.h"
+#include "net/dns.h"
+
+typedef struct lx_tcp lx_tcp_t;
+typedef struct lx_tcp_idle lx_tcp_idle_t;
+typedef struct lx_wake lx_wake_t;
+
+typedef struct lx_client {
+  lx_lane_t *ln;
+  dns_resolver_t *dns;   /* made on the first lookup, NULL before */
+  lx_tcp_t *socks;       /* every mp.tcp socket with a connection or a wait */
+  lx_tcp_idle_t *idle;   /* the keep-alive pool, newest first */
+  size_t nidle;
+  lx_wake_t *wakes;      /* mp.wait calls armed with a timer */
+  bool closing;          /* lx_client_lane_free is running */
+} lx_client_t;
+
+/* Registers mp.resolve, mp.tcp and mp.wait into the module table at the
+ * top of L (luaopen_moonport). */
+void lx_client_open(lua_State *L, lx_lane_t *ln);
+
+/* Frees the lane's resolver, pool and sockets' connections, stops their
+ * timers; suspended waits are dropped without resuming (the lane is
+ * going). Call in lx_lane_free before the reactor is freed, while the Lua
+ * state still exists. Safe when nothing was ever made. */
+void lx_client_lane_free(lx_lane_t *ln);
+
+/* The lane's state, made on first use; NULL when out of memory. */
+lx_client_t *lx_client_of(lx_lane_t *ln);
+/* The lane's resolver, made on first use (MOONPORT_DNS_SERVERS="ip:port,.."
+ * replaces /etc/resolv.conf's servers); NULL with *err a negative errno. */
+dns_resolver_t *lx_client_dns(lx_lane_t *ln, int *err);
+
+/* ---- the modules' opens and frees (lx_dns.c, lx_tcp.c, lx_wait.c) ---- */
+void lx_dns_open(lua_State *L, lx_lane_t *ln);
+void lx_tcp_open(lua_State *L, lx_lane_t *ln);
+void lx_tcp_free_all(lx_client_t *cl);
+void lx_wait_open(lua_State *L, lx_lane_t *ln);
+void lx_wait_free_all(lx_client_t *cl);
+
+#endif
