@@ -121,10 +121,10 @@ describe("mp.redis timeouts", function()
       while H.now() - t0 < 0.25 do
         local s = H.now()
         assert.equal("lane 1", k2.cmd("lane"))
-        assert(H.now() - s < H.T(0.1), ("a round trip on another connection took %.0f ms while a command waited"):format((H.now() - s) * 1000))
+        assert(H.now() - s < H.T(0.2), ("a round trip on another connection took %.0f ms while a command waited"):format((H.now() - s) * 1000))
         rounds = rounds + 1
       end
-      assert(rounds >= 5, "only " .. rounds .. " round trips in 250 ms")
+      assert(rounds >= 3, "only " .. rounds .. " round trips in 250 ms")
       local v, e, ms = timed(k1.line(H.T(5)))
       assert.equal("<nil>", v)
       assert.equal(TIMEOUT, e)
