@@ -4,6 +4,7 @@
  * calls a function given last. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,21 +18,92 @@
 
 #define LX_REDIS_MT "moonport.redis"
 #define LX_REDIS_MAX_ARGS 1024 * 1024
+/* The defaults of mp.redis(url, { timeout =, connect_timeout = }), ms. */
+#define LX_REDIS_TIMEOUT_MS 5000
+#define LX_REDIS_CONNECT_MS 3000
+#define LX_REDIS_MS_MAX 86400000 /* a day: anything longer is a mistake */
 
 typedef struct lx_redis {
   redis_link_t *link; /* NULL once closed */
   lx_lane_t *ln;
   struct lx_redis *prev, *next; /* the lane's open clients */
+  int timeout_ms;               /* each command's, unless it says; 0: none */
   char desc[300];
 } lx_redis_t;
 
-/* One command in flight. */
+/* One command in flight. Two owners hold it: hiredis's reply slot (until
+ * lx__reply runs, with the reply or with NULL when the context goes) and
+ * the timeout timer while it is armed (until its on_finish, which
+ * timer_stop defers while the timer's own fn runs). It is freed when both
+ * have let go, so a timeout whose Lua closes the client, freeing every
+ * slot, is safe. After a timeout the slot stays (hiredis matches replies
+ * to commands by order), `abandoned`: its late reply is dropped. */
 typedef struct {
   lx_lane_t *ln;
   int fn_ref;     /* callback mode: the function; LUA_NOREF when waiting */
   bool waiting;
+  bool abandoned; /* timed out: the caller has had its answer */
+  int refs;
+  mp_timer_t timer;
   lx_run_t run;   /* waiting mode: the suspended callback */
 } lx_req_t;
+
+static lx_req_t *lx__req_new(lx_lane_t *ln) {
+  lx_req_t *q = calloc(1, sizeof(*q));
+  if (!q) return NULL;
+  q->ln = ln;
+  q->fn_ref = LUA_NOREF;
+  q->refs = 1; /* the caller's until sent, then the reply slot's */
+  timer_init(&q->timer);
+  q->timer.udata = q;
+  return q;
+}
+
+static void lx__req_unref(lx_req_t *q) {
+  if (--q->refs == 0) free(q);
+}
+
+static void lx__req_timer_done(mp_timer_t *t) { lx__req_unref(t->udata); }
+
+/* The command took longer than its timeout: its caller hears nil and
+ * "timeout" now; the reply, if it ever comes, finds the slot abandoned. */
+static void lx__req_timeout(mp_timer_t *t) {
+  lx_req_t *q = t->udata;
+  lx_lane_t *ln = q->ln;
+  q->abandoned = true;
+  if (ln->closing) return;
+  if (q->waiting) {
+    lx_run_t run = q->run;
+    lua_pushnil(run.co);
+    lua_pushliteral(run.co, "timeout");
+    lx_resume(ln, &run, 2);
+    return;
+  }
+  int fn_ref = q->fn_ref;
+  q->fn_ref = LUA_NOREF;
+  int co_ref;
+  lua_State *co = lx_co_take(ln, &co_ref);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, fn_ref);
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, fn_ref);
+  lua_pushnil(co);
+  lua_pushliteral(co, "timeout");
+  lx_call_on(ln, co, co_ref, 2, LX_PLAIN, NULL, NULL, "redis callback");
+}
+
+/* Arms q's timeout (ms 0: none). 0 or -ENOMEM. */
+static int lx__req_arm_timer(lx_req_t *q, int ms) {
+  if (ms <= 0) return 0;
+  reactor_t *r = q->ln->r;
+  if (timer_start(reactor_timers(r), &q->timer, reactor_now(r), (uint64_t)ms,
+                  0, 1, lx__req_timeout, lx__req_timer_done, q))
+    return -ENOMEM;
+  q->refs++;
+  return 0;
+}
+
+static void lx__req_stop_timer(lx_req_t *q) {
+  timer_stop(reactor_timers(q->ln->r), &q->timer); /* may unref q */
+}
 
 /* Pushes a reply as Lua values: the value and nil, or nil and the error. */
 static int lx__push_reply(lua_State *L, const redisReply *r, int depth) {
@@ -83,7 +155,7 @@ static void lx__closed_task(void *a, void *b) {
   lx_req_t *q = a;
   lx_lane_t *ln = q->ln;
   lx_run_t run = q->run;
-  free(q);
+  lx__req_unref(q);
   if (ln->closing) return;
   lua_pushnil(run.co);
   lua_pushliteral(run.co, "connection closed");
@@ -93,8 +165,11 @@ static void lx__closed_task(void *a, void *b) {
 static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
   lx_req_t *q = priv;
   lx_lane_t *ln = q->ln;
-  if (ln->closing) { /* the VM goes: nothing to call */
-    free(q);
+  lx__req_stop_timer(q);
+  /* Timed out (the caller has had nil, "timeout": a late reply is
+   * dropped), or the VM goes: nothing to call. */
+  if (q->abandoned || ln->closing) {
+    lx__req_unref(q);
     return;
   }
   if (!r && redis_link_closing(ac)) { /* r:close() or collected: no Lua */
@@ -102,24 +177,35 @@ static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
       return;
     if (q->waiting) lx_run_abandon(ln, &q->run);
     if (q->fn_ref != LUA_NOREF) luaL_unref(ln->L, LUA_REGISTRYINDEX, q->fn_ref);
-    free(q);
+    lx__req_unref(q);
     return;
   }
-  if (q->waiting) {
-    lx_run_t run = q->run;
-    free(q);
-    lx__push_reply(run.co, r, 0);
+  /* NULL: the context went; before it ever got through if the connect
+   * timer freed it (a Redis that accepts and never answers, or an address
+   * that never answers the SYN). */
+  bool connect_timeout = !r && redis_link_connect_timed_out(ac);
+  lua_State *co;
+  int co_ref = LUA_NOREF;
+  lx_run_t run = q->run;
+  bool waiting = q->waiting;
+  if (waiting) {
+    co = run.co;
+  } else {
+    co = lx_co_take(ln, &co_ref);
+    lua_rawgeti(co, LUA_REGISTRYINDEX, q->fn_ref);
+    luaL_unref(ln->L, LUA_REGISTRYINDEX, q->fn_ref);
+  }
+  lx__req_unref(q);
+  if (connect_timeout) {
+    lua_pushnil(co);
+    lua_pushliteral(co, "connect timeout");
+  } else {
+    lx__push_reply(co, r, 0);
+  }
+  if (waiting)
     lx_resume(ln, &run, 2);
-    return;
-  }
-  lua_State *L = ln->L;
-  int co_ref;
-  lua_State *co = lx_co_take(ln, &co_ref);
-  lua_rawgeti(co, LUA_REGISTRYINDEX, q->fn_ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, q->fn_ref);
-  free(q);
-  lx__push_reply(co, r, 0);
-  lx_call_on(ln, co, co_ref, 2, LX_PLAIN, NULL, NULL, "redis callback");
+  else
+    lx_call_on(ln, co, co_ref, 2, LX_PLAIN, NULL, NULL, "redis callback");
 }
 
 /* lx__send: hiredis's output buffer holds REDIS_OBUF_MAX unsent bytes
@@ -127,9 +213,10 @@ static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
 #define LX__FULL INT_MIN
 #define LX__FULL_MSG "output buffer full (Redis is slow to read)"
 
-/* Sends the command in L's arguments [first, last]; q gets the reply. */
+/* Sends the command in L's arguments [first, last]; q gets the reply, or
+ * nil and "timeout" after ms (0: never). On failure nothing is armed. */
 static int lx__send(lua_State *L, lx_redis_t *rc, int first, int last,
-                    lx_req_t *q) {
+                    lx_req_t *q, int ms) {
   int argc = last - first + 1;
   if (argc < 1) return -1;
   redisAsyncContext *ac = rc->link ? redis_link_ctx_any(rc->link) : NULL;
@@ -159,10 +246,61 @@ static int lx__send(lua_State *L, lx_redis_t *rc, int first, int last,
     if (lens != stack_lens) free(lens);
     return LX__FULL;
   }
-  int ok = redisAsyncCommandArgv(ac, lx__reply, q, argc, argv, lens);
+  int ok = lx__req_arm_timer(q, ms) ? REDIS_ERR - 1
+           : redisAsyncCommandArgv(ac, lx__reply, q, argc, argv, lens);
   if (argv != stack_argv) free(argv);
   if (lens != stack_lens) free(lens);
-  return ok == REDIS_OK ? 0 : -2;
+  if (ok == REDIS_OK) return 0;
+  lx__req_stop_timer(q);
+  return ok == REDIS_ERR ? -2 : -3;
+}
+
+/* Milliseconds in field `key` of the table at t: dflt when absent;
+ * raises unless it is a number in [min, LX_REDIS_MS_MAX]. */
+static int lx__opt_ms(lua_State *L, int t, const char *key, int dflt, int min,
+                      const char *api) {
+  lua_getfield(L, t, key);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return dflt;
+  }
+  lua_Number v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
+  lua_pop(L, 1);
+  if (!(v >= min && v <= LX_REDIS_MS_MAX))
+    luaL_error(L, "%s: %s must be a number of milliseconds from %d to %d",
+               api, key, min, LX_REDIS_MS_MAX);
+  return (int)ceil(v);
+}
+
+/* Raises if the table at t has a key not in `keys` (a misspelt option
+ * would otherwise be ignored in silence). */
+static void lx__opt_keys(lua_State *L, int t, const char *const *keys,
+                         const char *api) {
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    lua_pop(L, 1);
+    bool known = false;
+    if (lua_type(L, -1) == LUA_TSTRING)
+      for (const char *const *k = keys; *k && !known; k++)
+        known = strcmp(lua_tostring(L, -1), *k) == 0;
+    if (!known) {
+      const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1)
+                                                        : luaL_typename(L, -1);
+      luaL_error(L, "%s: unknown option '%s'", api, name);
+    }
+  }
+}
+
+/* A command's options: r:cmd({ timeout = ms }, name, ...) (a table can't
+ * be a Redis argument, so it can't be mistaken for one). Sets *ms to the
+ * command's timeout and returns the index of its name. Raises on misuse. */
+static int lx__cmd_opts(lua_State *L, int idx, const lx_redis_t *rc, int *ms) {
+  *ms = rc->timeout_ms;
+  if (lua_type(L, idx) != LUA_TTABLE) return idx;
+  static const char *const keys[] = {"timeout", NULL};
+  lx__opt_keys(L, idx, keys, "redis: cmd");
+  *ms = lx__opt_ms(L, idx, "timeout", rc->timeout_ms, 0, "redis: cmd");
+  return idx + 1;
 }
 
 static void lx__send_error(lua_State *L, int rc, int first) {
@@ -178,10 +316,11 @@ static int lx_redis_send(lua_State *L) {
   lx_redis_t *rc = luaL_checkudata(L, 1, LX_REDIS_MT);
   int top = lua_gettop(L);
   luaL_checktype(L, top, LUA_TFUNCTION);
-  lx_req_t *q = calloc(1, sizeof(*q));
+  int ms;
+  int first = lx__cmd_opts(L, 2, rc, &ms);
+  lx_req_t *q = lx__req_new(rc->ln);
   if (!q) return luaL_error(L, "redis: out of memory");
-  q->ln = rc->ln;
-  int err = lx__send(L, rc, 2, top - 1, q);
+  int err = lx__send(L, rc, first, top - 1, q, ms);
   if (err == -2 || err == LX__FULL) { /* nothing will call back */
     free(q);
     lua_pushnil(L);
@@ -195,7 +334,7 @@ static int lx_redis_send(lua_State *L) {
   }
   if (err) {
     free(q);
-    lx__send_error(L, err, 2);
+    lx__send_error(L, err, first);
   }
   lua_pushvalue(L, top);
   q->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -209,12 +348,14 @@ static int lx_redis_send(lua_State *L) {
 static int lx_redis_check(lua_State *L) {
   lx_redis_t *rc = luaL_checkudata(L, 1, LX_REDIS_MT);
   int top = lua_gettop(L);
-  if (top < 2) return luaL_error(L, "redis: cmd needs a command name");
-  for (int i = 2; i <= top; i++) {
+  int ms;
+  int first = lx__cmd_opts(L, 2, rc, &ms);
+  if (top < first) return luaL_error(L, "redis: cmd needs a command name");
+  for (int i = first; i <= top; i++) {
     int t = lua_type(L, i);
     if (t != LUA_TSTRING && t != LUA_TNUMBER)
       return luaL_error(L, "redis: argument %d is a %s (strings and numbers "
-                           "only)", i - 1, luaL_typename(L, i));
+                           "only)", i - first + 1, luaL_typename(L, i));
   }
   lx_check_waitable(L, lua_touserdata(L, lua_upvalueindex(1)), "redis cmd");
   if (!rc->link || !redis_link_ctx_any(rc->link)) {
@@ -223,7 +364,7 @@ static int lx_redis_check(lua_State *L) {
     return 2;
   }
   size_t total = 0;
-  for (int i = 2; i <= top; i++) {
+  for (int i = first; i <= top; i++) {
     size_t n;
     lua_tolstring(L, i, &n); /* a number becomes its string, as sent */
     total += n;
@@ -240,13 +381,13 @@ static int lx_redis_check(lua_State *L) {
 /* Arms a waiting r:cmd: the client is at co's index 3, the command after. */
 static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lx_redis_t *rc = lua_touserdata(co, 3);
-  lx_req_t *q = calloc(1, sizeof(*q));
+  int ms;
+  int first = lx__cmd_opts(co, 4, rc, &ms); /* checked: does not raise */
+  lx_req_t *q = lx__req_new(ln);
   if (!q) return -ENOMEM;
-  q->ln = ln;
   q->waiting = true;
   q->run = *run;
-  q->fn_ref = LUA_NOREF;
-  int err = lx__send(co, rc, 4, lua_gettop(co), q);
+  int err = lx__send(co, rc, first, lua_gettop(co), q, ms);
   if (err) {
     free(q);
     return err == -2 ? -ENOTCONN
@@ -296,10 +437,18 @@ static int lx_redis_tostring(lua_State *L) {
   return 1;
 }
 
-/* mp.redis(url) */
+/* mp.redis(url [, { timeout = ms, connect_timeout = ms }]) */
 static int lx_redis_new(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
   const char *url = luaL_checkstring(L, 1);
+  int timeout = LX_REDIS_TIMEOUT_MS, connect_ms = LX_REDIS_CONNECT_MS;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    static const char *const keys[] = {"timeout", "connect_timeout", NULL};
+    lx__opt_keys(L, 2, keys, "mp.redis");
+    timeout = lx__opt_ms(L, 2, "timeout", timeout, 0, "mp.redis");
+    connect_ms = lx__opt_ms(L, 2, "connect_timeout", connect_ms, 1, "mp.redis");
+  }
   redis_url_t u;
   char err[512];
   if (redis_url_parse(url, &u, err, sizeof(err)))
@@ -307,10 +456,11 @@ static int lx_redis_new(lua_State *L) {
   lx_redis_t *rc = lua_newuserdata(L, sizeof(*rc));
   memset(rc, 0, sizeof(*rc));
   rc->ln = ln;
+  rc->timeout_ms = timeout;
   snprintf(rc->desc, sizeof(rc->desc), "%s:%d/%d", u.host, u.port, u.db);
   luaL_getmetatable(L, LX_REDIS_MT);
   lua_setmetatable(L, -2);
-  rc->link = redis_link_new(ln->r, &u, "redis (mp.redis)", 3000,
+  rc->link = redis_link_new(ln->r, &u, "redis (mp.redis)", connect_ms,
                             (redis_link_hooks_t){NULL, NULL}, NULL);
   if (!rc->link) return luaL_error(L, "mp.redis: out of memory");
   rc->next = ln->redis_clients;

@@ -117,6 +117,10 @@ struct redis_link {
   redisAsyncContext *ac; /* connecting or connected, or NULL */
   bool up;
   bool freeing;
+  /* The connect timer freed the context now being freed: its pending
+   * replies come back NULL because it never got through (see
+   * redis_link_connect_timed_out). */
+  bool timing_out;
   /* Calls into hiredis under way: hiredis may call back into the user of
    * the link (a reply callback resumes Lua, which may free the link), so
    * the block stays until the outermost call has returned. */
@@ -278,7 +282,9 @@ static void redis__connect_timeout(mp_timer_t *t) {
   if (!ac || l->up) return; /* (a handshake that hangs times out too) */
   l->ac = NULL;
   redis__enter(l);
+  l->timing_out = true;
   redisAsyncFree(ac); /* pending replies come back as NULL: Lua may run */
+  l->timing_out = false;
   if (redis__leave(l) || l->freeing) return;
   redis__failed(l, "timed out connecting to", "no answer");
   redis__went_down(l);
@@ -349,6 +355,11 @@ redisAsyncContext *redis_link_ctx(redis_link_t *l) {
 }
 
 redisAsyncContext *redis_link_ctx_any(redis_link_t *l) { return l->ac; }
+
+bool redis_link_connect_timed_out(const redisAsyncContext *ac) {
+  const redis_link_t *l = ac ? ac->ev.data : NULL;
+  return l && l->timing_out;
+}
 
 bool redis_link_closing(const redisAsyncContext *ac) {
   const redis_link_t *l = ac ? ac->ev.data : NULL;

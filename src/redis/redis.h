@@ -60,6 +60,10 @@ redisAsyncContext *redis_link_ctx_any(redis_link_t *l);
 /* True when ac's link is being freed: a reply callback that gets NULL then
  * must not run user code (the owner closed the link). */
 bool redis_link_closing(const redisAsyncContext *ac);
+/* True while the connect timer frees ac (a connect, or the AUTH/SELECT
+ * handshake, took longer than connect_ms): the NULL replies then mean
+ * "timed out connecting", not a lost connection. The link's thread. */
+bool redis_link_connect_timed_out(const redisAsyncContext *ac);
 /* Frees the link and its context; pending replies are called back with
  * NULL first. Legal from inside any of the link's callbacks (a reply
  * callback that closes its own client): the memory then goes when the
