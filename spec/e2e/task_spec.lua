@@ -5,7 +5,10 @@
 local H = require "spec.helper"
 local cjson = require "cjson"
 
+local socket = require "socket"
 local start, cleanup = H.fixture_servers("task_app.lua")
+local REDIS_SERVER = os.getenv("MOONPORT_TEST_REDIS_SERVER") or "/usr/bin/redis-server"
+if not H.exists(REDIS_SERVER) then REDIS_SERVER = "/usr/sbin/redis-server" end
 
 local function get(port, path)
   local p = assert(io.popen(("/usr/bin/curl -s -w '\\n%%{http_code}' --max-time %d 'http://127.0.0.1:%d%s'")
@@ -83,6 +86,27 @@ describe("mp.spawn / mp.join / t:kill / mp.semaphore (end to end)", function()
     -- the permit posted after the kill went to the live waiter
     assert.same({ ["1"] = true, n = 1 }, r.other, raw)
     assert.equal("killed", r.long, raw)
+    assert.equal(0, srv:stop())
+  end)
+
+  it("kill of a task waiting in r:cmd (BLPOP) ends it at once; the late reply wakes nothing", function()
+    local rport = H.free_port()
+    local rs = H.spawn({ REDIS_SERVER, "--port", tostring(rport), "--bind", "127.0.0.1",
+      "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp", "--loglevel", "warning" })
+    H.wait_for(function()
+      assert(rs:alive(), "redis-server exited")
+      local c = socket.tcp()
+      c:settimeout(0.5)
+      local ok = c:connect("127.0.0.1", rport)
+      c:close()
+      return ok
+    end, H.T(10), "redis-server")
+    local r, raw = get(port, "/redis_kill?" .. rport)
+    assert.is_true(r.ms < 100 * H.T(1), raw)
+    assert.equal("killed", r.r.err, raw)
+    assert.equal("PONG", r.pong, raw)
+    H.sleep(H.T(0.2))
+    assert.is_falsy(srv:stdout():find("AFTER CMD", 1, true), srv:stdout())
     assert.equal(0, srv:stop())
   end)
 

@@ -30,6 +30,7 @@ typedef struct {
   lx_lane_t *ln;
   int fn_ref;     /* callback mode: the function; LUA_NOREF when waiting */
   bool waiting;
+  bool dropped;   /* its waiter was killed (t:kill): the reply is ignored */
   lx_run_t run;   /* waiting mode: the suspended callback */
 } lx_req_t;
 
@@ -83,8 +84,9 @@ static void lx__closed_task(void *a, void *b) {
   lx_req_t *q = a;
   lx_lane_t *ln = q->ln;
   lx_run_t run = q->run;
+  bool dropped = q->dropped;
   free(q);
-  if (ln->closing) return;
+  if (ln->closing || dropped) return;
   lua_pushnil(run.co);
   lua_pushliteral(run.co, "connection closed");
   lx_resume(ln, &run, 2);
@@ -93,7 +95,7 @@ static void lx__closed_task(void *a, void *b) {
 static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
   lx_req_t *q = priv;
   lx_lane_t *ln = q->ln;
-  if (ln->closing) { /* the VM goes: nothing to call */
+  if (ln->closing || q->dropped) { /* the VM goes, or the waiter did */
     free(q);
     return;
   }
@@ -237,6 +239,15 @@ static int lx_redis_check(lua_State *L) {
   return 1;
 }
 
+/* A killed task's r:cmd (lx_wait_cancel_on): the command is on the wire,
+ * so q stays until its reply (or the close) comes, and then only goes. */
+static void lx__cmd_cancel(lx_lane_t *ln, void *arg) {
+  lx_req_t *q = arg;
+  q->dropped = true;
+  q->waiting = false;
+  lx_run_abandon(ln, &q->run);
+}
+
 /* Arms a waiting r:cmd: the client is at co's index 3, the command after. */
 static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lx_redis_t *rc = lua_touserdata(co, 3);
@@ -254,6 +265,7 @@ static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
          : err == LX__FULL ? -ENOBUFS
                            : -EINVAL;
   }
+  lx_wait_cancel_on(ln, lx__cmd_cancel, q);
   return 0;
 }
 
