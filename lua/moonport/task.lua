@@ -35,6 +35,7 @@ local function pack(...) return { n = select("#", ...), ... } end
 
 local function body(t, fn, ...)
   local r = pack(fn(...))
+  if r[1] == nil and r[2] ~= nil then r.err = r[2] end -- returned nil, err
   C.done(t.c)
   finish(t, r)
 end
