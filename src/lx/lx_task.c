@@ -23,15 +23,24 @@ enum { PARK_IDLE = 0, PARK_WAITING, PARK_WAKING };
 /* A userdata. It needs no anchor of its own: while it is not idle, the
  * Lua frame that parked keeps it (task.lua holds it in a local), and the
  * run (its coroutine's registry ref) keeps that frame. */
+struct lx_park_timer;
 typedef struct lx_park {
   lx_lane_t *ln;
   lx_run_t run;   /* while not idle */
   int state;
   bool cancelled; /* killed while waking: dropped when the wake runs */
   int val_ref;    /* waking: what park returns */
-  mp_timer_t timer;
+  struct lx_park_timer *tm;    /* its timeout, or NULL */
   struct lx_park *prev, *next; /* the lane's parks that are not idle */
 } lx_park_t;
+
+/* A park's timeout lives apart from the park: a stopped timer may still
+ * sit in the batch the heap is running (timer_heap_run), and the park, a
+ * userdata, may be collected by then. The heap frees it (on_finish). */
+typedef struct lx_park_timer {
+  mp_timer_t t;
+  lx_park_t *p; /* NULL once detached */
+} lx_park_timer_t;
 
 /* Per lane, a userdata in the registry (lx_task_key). */
 typedef struct {
@@ -67,8 +76,22 @@ static void lx__park_unlink(lx_park_t *p) {
   p->prev = p->next = NULL;
 }
 
+static void lx__park_timer_free(mp_timer_t *t) { free(t->udata); }
+
+static void lx__park_timer_stop(lx_park_t *p) {
+  lx_park_timer_t *pt = p->tm;
+  if (!pt) return;
+  p->tm = NULL;
+  pt->p = NULL;
+  timer_stop(reactor_timers(p->ln->r), &pt->t); /* frees pt, now or later */
+}
+
 static void lx__park_timeout(mp_timer_t *t) {
-  lx_park_t *p = t->udata;
+  lx_park_timer_t *pt = t->udata;
+  lx_park_t *p = pt->p;
+  if (!p) return;
+  pt->p = NULL;
+  p->tm = NULL; /* the heap frees pt after this */
   if (p->state != PARK_WAITING) return;
   lx__park_unlink(p);
   p->state = PARK_IDLE;
@@ -87,7 +110,7 @@ static void lx__park_cancel(lx_lane_t *ln, void *arg) {
     return;
   }
   if (p->state != PARK_WAITING) return;
-  timer_stop(reactor_timers(ln->r), &p->timer);
+  lx__park_timer_stop(p);
   lx__park_unlink(p);
   p->state = PARK_IDLE;
   lx_run_t run = p->run;
@@ -120,7 +143,6 @@ static void lx__park_wake(void *a, void *b) {
 static int lx_park_new(lua_State *L) {
   lx_park_t *p = lua_newuserdata(L, sizeof(*p));
   *p = (lx_park_t){.ln = lx__ln(L), .val_ref = LUA_NOREF};
-  timer_init(&p->timer);
   luaL_getmetatable(L, LX_PARK_MT);
   lua_setmetatable(L, -2);
   return 1;
@@ -140,11 +162,19 @@ static int lx__park_check(lua_State *L) {
 
 static int lx__park_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lx_park_t *p = lua_touserdata(co, 3);
-  if (lua_isnumber(co, 4) &&
-      timer_start(reactor_timers(ln->r), &p->timer, reactor_now(ln->r),
-                  (uint64_t)lua_tonumber(co, 4), 0, 1, lx__park_timeout, NULL,
-                  p))
-    return -ENOMEM;
+  if (lua_isnumber(co, 4)) {
+    lx_park_timer_t *pt = malloc(sizeof(*pt));
+    if (!pt) return -ENOMEM;
+    pt->p = p;
+    timer_init(&pt->t);
+    if (timer_start(reactor_timers(ln->r), &pt->t, reactor_now(ln->r),
+                    (uint64_t)lua_tonumber(co, 4), 0, 1, lx__park_timeout,
+                    lx__park_timer_free, pt)) {
+      free(pt);
+      return -ENOMEM;
+    }
+    p->tm = pt;
+  }
   p->run = *run;
   p->state = PARK_WAITING;
   p->cancelled = false;
@@ -168,7 +198,7 @@ static int lx_unpark(lua_State *L) {
     return luaL_error(L, "cannot wake a waiting coroutine: out of memory");
   }
   atomic_fetch_add(&p->ln->tasks, 1);
-  timer_stop(reactor_timers(p->ln->r), &p->timer);
+  lx__park_timer_stop(p);
   p->state = PARK_WAKING;
   p->val_ref = ref;
   lua_pushboolean(L, 1);
@@ -188,7 +218,7 @@ void lx_task_retire(lx_lane_t *ln) {
 void lx_task_close(lx_lane_t *ln) {
   lx_task_lane_t *st = lx__state(ln);
   for (lx_park_t *p = st ? st->parks : NULL; p; p = p->next)
-    timer_stop(reactor_timers(ln->r), &p->timer);
+    lx__park_timer_stop(p);
 }
 
 /* ---- tasks ---- */
