@@ -154,16 +154,28 @@ describe("mp.spawn / mp.join / t:kill / mp.semaphore (end to end)", function()
   end)
 
   it("10,000 tasks on one lane finish, and memory comes back (no growth over rounds)", function()
-    local r, raw = get(port, "/many?10000")
-    assert.equal(10000, r.n, raw)
-    assert.equal(10000 * 10001 / 2, r.sum, raw)
-    local kb1 = r.kb
+    -- every lane runs a round first (connections go round robin over the
+    -- lanes with -t N), then more rounds must not grow the process
+    local lanes = srv.threads or 1
+    local kb1 = 0
+    for _ = 1, lanes do
+      local r, raw = get(port, "/many?10000")
+      assert.equal(10000, r.n, raw)
+      assert.equal(10000 * 10001 / 2, r.sum, raw)
+      kb1 = math.max(kb1, r.kb)
+    end
     local rss1 = worker_rss(srv)
-    for _ = 1, 3 do r = get(port, "/many?10000") end
+    local kb2 = 0
+    for _ = 1, 3 * lanes do kb2 = math.max(kb2, get(port, "/many?10000").kb) end
     local rss2 = worker_rss(srv)
     -- the Lua heap after a full collection is back where it was
-    assert.is_true(r.kb < kb1 + 256, ("Lua heap %d kB after round 1, %d kB after 4"):format(kb1, r.kb))
-    assert.is_true(rss2 < rss1 + 16 * 1024, ("RSS %d kB -> %d kB"):format(rss1, rss2))
+    assert.is_true(kb2 < kb1 + 256, ("Lua heap %d kB after the first rounds, %d kB later"):format(kb1, kb2))
+    -- RSS: not under TSan, whose allocator keeps freed memory (the heap
+    -- check above and LSan at exit under ASan still watch for leaks there)
+    if not H.bin:find("tsan", 1, true) then
+      local slack = 16 * 1024 * (H.sanitized and 4 or 1)
+      assert.is_true(rss2 < rss1 + slack, ("RSS %d kB -> %d kB"):format(rss1, rss2))
+    end
     assert.equal(0, srv:stop())
   end)
 end)
