@@ -230,9 +230,18 @@ static bool lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
       lua_touserdata(run->co, 1) == (void *)&lx_wait_token) {
     lx_arm_fn arm = (lx_arm_fn)lua_touserdata(run->co, 2);
     if (!resumed) lx__hold(ln, run);
+    ln->arm_cancel = NULL;
+    ln->arm_cancel_arg = NULL;
     int rc = arm(ln, run, run->co);
     lua_settop(run->co, 0);
-    if (rc == 0) return true; /* arm keeps a copy of *run */
+    if (rc == 0) { /* arm keeps a copy of *run */
+      const lx_module_t *m =
+          run->kind > LX_CONN ? lx__module_of(ln, run) : NULL;
+      if (m && m->run_waiting)
+        m->run_waiting(run, ln->arm_cancel, ln->arm_cancel_arg);
+      ln->arm_cancel = NULL;
+      return true;
+    }
     char buf[128];
     lua_pushstring(run->co, lx_errmsg(rc, buf, sizeof(buf)));
     status = LUA_ERRRUN;
@@ -246,6 +255,11 @@ static bool lx__step(lx_lane_t *ln, lx_run_t *run, int nargs, bool resumed) {
   }
   if (resumed) lx__release(ln, run);
   return false;
+}
+
+void lx_wait_cancel_on(lx_lane_t *ln, lx_cancel_fn cancel, void *arg) {
+  ln->arm_cancel = cancel;
+  ln->arm_cancel_arg = arg;
 }
 
 void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api) {
@@ -301,7 +315,13 @@ void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
 
 bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what) {
-  lx_run_t run = {co, co_ref, kind, c, timer, what, LUA_NOREF};
+  lx_run_t run = {co, co_ref, kind, c, timer, what, LUA_NOREF, NULL};
+  return lx__step(ln, &run, nargs, false);
+}
+
+bool lx_call_owned(lx_lane_t *ln, lua_State *co, int co_ref, int nargs,
+                   int kind, void *owner, const char *what) {
+  lx_run_t run = {co, co_ref, kind, NULL, NULL, what, LUA_NOREF, owner};
   return lx__step(ln, &run, nargs, false);
 }
 
@@ -319,6 +339,14 @@ void lx_run_abandon(lx_lane_t *ln, lx_run_t *run) {
 }
 
 void lx_resume(lx_lane_t *ln, lx_run_t *run, int nargs) {
+  /* A run its module gave up on (a killed task) whose event came anyway:
+   * dropped here, so no arm needs to know about killing. */
+  const lx_module_t *m = run->kind > LX_CONN ? lx__module_of(ln, run) : NULL;
+  if (m && m->run_resuming && !m->run_resuming(run)) {
+    lua_settop(run->co, 0);
+    lx_run_abandon(ln, run);
+    return;
+  }
   lx__step(ln, run, nargs, true);
 }
 

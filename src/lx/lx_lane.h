@@ -23,7 +23,7 @@
 typedef struct lx_timer lx_timer_t;
 
 /* What a callback is about, for error handling and for holding. */
-enum { LX_PLAIN = 0, LX_CONN, LX_TIMER };
+enum { LX_PLAIN = 0, LX_CONN, LX_TIMER, LX_TASK };
 
 typedef struct {
   lua_State *co;
@@ -33,6 +33,7 @@ typedef struct {
   lx_timer_t *timer;  /* LX_TIMER: stopped on error */
   const char *what;   /* "on_data", "timer", ... for the log */
   int anchor;         /* registry ref keeping `timer` alive while suspended */
+  void *owner;        /* kinds above LX_CONN: the module's object (a task) */
 } lx_run_t;
 
 /* How a waiting API suspends a callback: from Lua it yields
@@ -51,6 +52,16 @@ void lx_push_raw_yield(lua_State *L);
  * lane as upvalue 1, which raises on misuse) and then waits through arm. */
 void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
                     lx_arm_fn arm);
+/* Cancelling a wait (t:kill, lx_task.h). An arm whose wait can end early
+ * calls lx_wait_cancel_on(ln, cancel, arg) before it returns 0; the
+ * runner hands that to the module of the run's kind (run_waiting), which
+ * may later call cancel(ln, arg) instead of waiting for the event:
+ * cancel stops the event, frees what the arm allocated and
+ * lx_run_abandon's its copy of the run, never resuming it. An arm that
+ * registers nothing cannot be cut short (the run is dropped when its
+ * event comes: run_resuming). */
+typedef void (*lx_cancel_fn)(lx_lane_t *ln, void *arg);
+void lx_wait_cancel_on(lx_lane_t *ln, lx_cancel_fn cancel, void *arg);
 /* Raises unless L is the coroutine of the callback now running. */
 void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api);
 
@@ -101,6 +112,8 @@ struct lx_lane {
   stats_slot_t *stats;         /* its slot of srv->stats, or NULL */
   mp_timer_t stats_timer;      /* once a second: its gauges */
   bool loading;                /* the script's top level is running */
+  lx_cancel_fn arm_cancel;     /* set by the arm now running, or NULL */
+  void *arm_cancel_arg;
 };
 
 
@@ -124,6 +137,10 @@ void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
 lua_State *lx_co_take(lx_lane_t *ln, int *co_ref);
 bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what);
+/* lx_call_on for a kind above LX_CONN whose runs carry `owner`
+ * (lx_run_t.owner; borrowed: it must outlive the run). */
+bool lx_call_owned(lx_lane_t *ln, lua_State *co, int co_ref, int nargs,
+                   int kind, void *owner, const char *what);
 /* lx_co_take and the pushes of a callback's function and arguments, in
  * protected mode, for the callers whose pushes allocate (a request, a
  * chunk of data): out of memory there must fail that one callback, not

@@ -13,6 +13,7 @@
 #include "lx/lx_server.h"
 #include "lx/lx_shared.h"
 #include "lx/lx_stats.h"
+#include "lx/lx_task.h"
 #include "lx/lx_timer.h"
 #include "lx/lx_ws.h"
 
@@ -88,6 +89,10 @@ const lx_module_t lx_modules[] = {
     {.name = "stats", .init = stats_init, .open = lx_stats_open,
      .start = lx_stats_lane_start, .stop = lx_stats_lane_stop},
     {.name = "shared", .open = lx_shared_open},
+    {.name = "task", .open = lx_task_open, .retire = lx_task_retire,
+     .close = lx_task_close, .run_kind = LX_TASK,
+     .run_failed = lx_task_run_failed, .run_waiting = lx_task_run_waiting,
+     .run_resuming = lx_task_run_resuming},
     {.name = NULL}};
 
 const lx_module_t *lx_binding_modules(void) { return lx_modules; }

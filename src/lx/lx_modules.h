@@ -37,6 +37,11 @@ typedef struct lx_module {
   int run_kind;
   int (*run_anchor)(const lx_run_t *run);
   void (*run_failed)(const lx_run_t *run);
+  /* One suspended in a wait, with the cancel its arm registered (NULL:
+   * none; lx_wait_cancel_on); one about to be resumed: false drops it
+   * instead (lx_run_abandon). */
+  void (*run_waiting)(const lx_run_t *run, lx_cancel_fn cancel, void *arg);
+  bool (*run_resuming)(const lx_run_t *run);
 } lx_module_t;
 
 /* The binding's modules, in the order their hooks run. */

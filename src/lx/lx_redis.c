@@ -42,7 +42,7 @@ typedef struct {
   lx_lane_t *ln;
   int fn_ref;     /* callback mode: the function; LUA_NOREF when waiting */
   bool waiting;
-  bool abandoned; /* timed out: the caller has had its answer */
+  bool abandoned; /* timed out, or its task killed: nothing waits for it */
   int refs;
   mp_timer_t timer;
   lx_run_t run;   /* waiting mode: the suspended callback */
@@ -70,6 +70,7 @@ static void lx__req_timer_done(mp_timer_t *t) { lx__req_unref(t->udata); }
 static void lx__req_timeout(mp_timer_t *t) {
   lx_req_t *q = t->udata;
   lx_lane_t *ln = q->ln;
+  if (q->abandoned) return; /* its task was killed */
   q->abandoned = true;
   if (ln->closing) return;
   if (q->waiting) {
@@ -378,6 +379,16 @@ static int lx_redis_check(lua_State *L) {
   return 1;
 }
 
+/* A killed task's r:cmd (lx_wait_cancel_on): the command is on the wire,
+ * so q stays until its reply (or the close) comes, and then only goes. */
+static void lx__cmd_cancel(lx_lane_t *ln, void *arg) {
+  lx_req_t *q = arg;
+  q->abandoned = true; /* as after a timeout: the late reply is dropped */
+  q->waiting = false;
+  lx__req_stop_timer(q); /* hiredis's slot still holds q */
+  lx_run_abandon(ln, &q->run);
+}
+
 /* Arms a waiting r:cmd: the client is at co's index 3, the command after. */
 static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lx_redis_t *rc = lua_touserdata(co, 3);
@@ -395,6 +406,7 @@ static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
          : err == LX__FULL ? -ENOBUFS
                            : -EINVAL;
   }
+  lx_wait_cancel_on(ln, lx__cmd_cancel, q);
   return 0;
 }
 

@@ -155,21 +155,33 @@ static int lx_timer_active(lua_State *L) {
 
 /* ---- waiting ---- */
 
-static void lx__sleep_fire(mp_timer_t *mt) {
-  lx_sleep_t *s = mt->udata;
-  lx_lane_t *ln = s->ln;
+static void lx__sleep_unlink(lx_lane_t *ln, lx_sleep_t *s) {
   if (s->prev)
     s->prev->next = s->next;
   else
     ln->sleeps = s->next;
   if (s->next) s->next->prev = s->prev;
   s->prev = s->next = NULL;
+}
+
+static void lx__sleep_fire(mp_timer_t *mt) {
+  lx_sleep_t *s = mt->udata;
+  lx_lane_t *ln = s->ln;
+  lx__sleep_unlink(ln, s);
   lx_run_t run = s->run;
   lx_resume(ln, &run, 0);
 }
 
 /* The timer is done with its storage only after fn returned. */
 static void lx__sleep_free(mp_timer_t *mt) { free(mt->udata); }
+
+/* A killed task's sleep (lx_wait_cancel_on): it never fires. */
+static void lx__sleep_cancel(lx_lane_t *ln, void *arg) {
+  lx_sleep_t *s = arg;
+  lx__sleep_unlink(ln, s);
+  lx_run_abandon(ln, &s->run);
+  timer_stop(reactor_timers(ln->r), &s->timer); /* frees s */
+}
 
 static int lx__sleep_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   lx_sleep_t *s = calloc(1, sizeof(*s));
@@ -186,6 +198,7 @@ static int lx__sleep_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   s->next = ln->sleeps;
   if (s->next) s->next->prev = s;
   ln->sleeps = s;
+  lx_wait_cancel_on(ln, lx__sleep_cancel, s);
   return 0;
 }
 
