@@ -286,6 +286,15 @@ static int lx__checked_yield(lua_State *L) {
   return lua_yield(L, lua_gettop(L));
 }
 
+/* core.waitable(): whether the caller may wait (it is the coroutine of
+ * the callback now running), for Lua code that waits when it can and
+ * falls back otherwise (lua/moonport/mp.lua's name lookups). */
+static int lx__waitable(lua_State *L) {
+  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
+  lua_pushboolean(L, ln->running && ln->running->co == L);
+  return 1;
+}
+
 static void lx__install_yield(lua_State *L, lx_lane_t *ln) {
   lua_getglobal(L, "coroutine");
   lua_pushlightuserdata(L, (void *)&lx_raw_yield_key);
@@ -295,6 +304,9 @@ static void lx__install_yield(lua_State *L, lx_lane_t *ln) {
   lua_setfield(L, -2, "raw_yield");
   lua_pushlightuserdata(L, (void *)&lx_wait_token);
   lua_setfield(L, -2, "wait_token");
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx__waitable, 1);
+  lua_setfield(L, -2, "waitable");
   lua_pop(L, 1);
   lua_rawset(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, ln);

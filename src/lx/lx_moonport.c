@@ -204,12 +204,18 @@ static int lx_connect(lua_State *L) {
                          "(Unix)");
   if (ct < 0 || ct > 4e6)
     return luaL_error(L, "mp.connect: connect_timeout out of range");
+  /* _fail (a negative errno): the name lookup of lua/moonport/mp.lua
+   * failed; answered through on_fail like any failed connect. */
+  lua_getfield(L, 1, "_fail");
+  int fail = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
   lx_service_t *svc = lx_service_new(L, ln, 1, true);
   svc->conns = 1;
-  int err = 0;
-  conn_t *c = reactor_connect(ln->r, host, (int)port, path,
-                              (uint32_t)(ct * 1000), &svc->proto, svc,
-                              svc->opts, &err);
+  int err = fail < 0 ? fail : 0;
+  conn_t *c = fail < 0 ? NULL
+                       : reactor_connect(ln->r, host, (int)port, path,
+                                         (uint32_t)(ct * 1000), &svc->proto,
+                                         svc, svc->opts, &err);
   if (c) {
     lx_conn_push(L, ln, c);
     return 1;
