@@ -3,6 +3,7 @@
 local json = require("moonport.json")
 local router = require("moonport.router")
 local line = require("moonport.line")
+local serve = require("moonport.serve")
 
 return function(mp)
   mp.json = json
@@ -11,6 +12,7 @@ return function(mp)
   local listen, connect = mp.listen, mp.connect
   mp.listen = function(opts, ...)
     if type(opts) == "table" and opts.framing ~= nil then opts = line.wrap(opts, "mp.listen") end
+    if type(opts) == "table" and opts.on_connect ~= nil then opts = serve.wrap(opts) end
     return listen(opts, ...)
   end
   mp.connect = function(opts, ...)
