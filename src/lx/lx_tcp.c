@@ -190,7 +190,37 @@ static void lx__task(void *a, void *b) {
   (void)b;
   lx_tcp_t *s = a;
   s->queued = false;
+  if (s->op == OP_NONE && s->anchor != LUA_NOREF) { /* killed meanwhile */
+    int anchor = s->anchor;
+    s->anchor = LUA_NOREF;
+    if (s->cl && !s->cl->ln->closing)
+      luaL_unref(s->cl->ln->L, LUA_REGISTRYINDEX, anchor);
+    return;
+  }
   lx__try(s);
+}
+
+/* A killed task's connect, read or send (lx_wait_cancel_on): the wait
+ * ends now. A connect in progress is dropped (the socket reads as
+ * closed); after a read or send the socket stays as it is. */
+static void lx__cancel(lx_lane_t *ln, void *arg) {
+  lx_tcp_t *s = arg;
+  if (s->op == OP_CONNECT) {
+    if (s->dq) {
+      dns_cancel(s->dq);
+      s->dq = NULL;
+    }
+    lx__drop_conn(s, CONN_LOCAL);
+    lx__set_closed(s, "closed");
+  }
+  s->op = OP_NONE;
+  lx__timer_stop(s);
+  lx_run_t run = s->run;
+  lx_run_abandon(ln, &run);
+  if (s->queued) return; /* lx__task drops the anchor */
+  int anchor = s->anchor;
+  s->anchor = LUA_NOREF;
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, anchor);
 }
 
 /* A result known while arming: resumed from the loop, not from arm. */
@@ -221,6 +251,8 @@ static void lx__timeout(mp_timer_t *t) {
 static int lx__arm_common(lx_tcp_t *s, const lx_run_t *run, lua_State *co,
                           uint32_t ms) {
   s->run = *run;
+  if (s->anchor != LUA_NOREF) /* a killed wait's, its task not run yet */
+    luaL_unref(co, LUA_REGISTRYINDEX, s->anchor);
   lua_pushvalue(co, 3);
   s->anchor = luaL_ref(co, LUA_REGISTRYINDEX);
   lx_lane_t *ln = s->cl->ln;
@@ -231,6 +263,7 @@ static int lx__arm_common(lx_tcp_t *s, const lx_run_t *run, lua_State *co,
     s->op = OP_NONE;
     return -ENOMEM;
   }
+  lx_wait_cancel_on(ln, lx__cancel, s);
   return 0;
 }
 
