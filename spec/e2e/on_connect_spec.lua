@@ -137,6 +137,22 @@ describe("mp.listen { on_connect = }", function()
     for i = 1, 20 do assert.equal("", (H.read_to_eof(cs[i], H.T(3)))) end
   end)
 
+  it("the listener's idle timeout ends a waiting receive with nil, \"timeout\" and closes", function()
+    srv:stop()
+    local iport = H.free_port()
+    srv, port = start({ iport }, { env = env })
+    H.wait_for(function() return srv:listens_on(iport) end, H.T(5), "idle listener")
+    local c = H.connect(iport)
+    local t0 = H.now()
+    H.send(c, "a\n")
+    assert.equal("<a>", H.read_line(c, H.T(5)))
+    assert.is_nil((H.read_line(c, H.T(5)))) -- closed by the server
+    local took = H.now() - t0
+    assert.is_true(took >= 0.25 and took < H.T(3), tostring(took))
+    srv:wait_stdout("\nidle end timeout\n", H.T(5), true)
+    assert.equal(0, srv:stop())
+  end)
+
   it("refuses on_connect with on_data (or a bad max_line) at the script's line", function()
     local script = H.tmpdir() .. "/bad_oc.lua"
     local f = assert(io.open(script, "wb"))
