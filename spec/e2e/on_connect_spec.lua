@@ -137,6 +137,18 @@ describe("mp.listen { on_connect = }", function()
     for i = 1, 20 do assert.equal("", (H.read_to_eof(cs[i], H.T(3)))) end
   end)
 
+  it("send waits while the client doesn't read (back pressure), then finishes", function()
+    local c = H.connect(port, { rcvbuf = 16384 })
+    H.send(c, "flood\n")
+    H.sleep(0.5)
+    assert.is_nil(srv:stdout():find("flood done", 1, true), "send did not wait")
+    local got = H.read_exact(c, 256 * 65536 + 1, H.T(20))
+    assert.equal(256 * 65536 + 1, #got)
+    srv:wait_stdout("\nflood done\n", H.T(5), true)
+    assert.equal(2, live(port))
+    c:close()
+  end)
+
   it("a coroutine that never ends is cut at the grace deadline (-g 1), exit 0", function()
     srv:stop()
     srv, port = start({}, { env = env, options = { "-g", 1 } })
