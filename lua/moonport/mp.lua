@@ -3,6 +3,7 @@
 local json = require("moonport.json")
 local router = require("moonport.router")
 local line = require("moonport.line")
+local serve = require("moonport.serve")
 local core = require("moonport.core")
 local waitable = core.waitable
 local type, pairs, tonumber = type, pairs, tonumber
@@ -29,6 +30,7 @@ return function(mp)
   local listen, connect = mp.listen, mp.connect
   mp.listen = function(opts, ...)
     if type(opts) == "table" and opts.framing ~= nil then opts = line.wrap(opts, "mp.listen") end
+    if type(opts) == "table" and opts.on_connect ~= nil then opts = serve.wrap(opts) end
     return listen(opts, ...)
   end
   -- A host name is looked up on the lane's resolver (mp.resolve) when the

@@ -64,7 +64,10 @@ function Task:status()
 end
 
 -- Ends the task for good wherever it waits: joiners see nil, "killed".
--- A task killing itself ends there (kill does not return).
+-- A task killing itself ends there (kill does not return). Returns
+-- "cancelled" when the task's wait was cut short (sleep, join, r:cmd,
+-- mp.tcp, mp.resolve, mp.wait ...), "dropped" when its wait can't be (the
+-- event it waits for is dropped when it comes), nothing for an ended task.
 function Task:kill()
   if self.result then return end
   local what = C.kill(self.c)
@@ -74,6 +77,7 @@ function Task:kill()
   if on_kill then on_kill() end
   finish(self, failed("killed"))
   if what == "self" then C.selfkill() end
+  return what
 end
 
 -- The tasks and options of join / wait_any: (t1, t2, ...) or

@@ -25,6 +25,8 @@ local methods = {
   setkeepalive = C.setkeepalive,
   getreusedtimes = C.getreusedtimes,
   close = C.close,
+  peer = C.peer, -- server sockets (mp.listen { on_connect = }): ip, port
+  uid = C.uid,
 }
 
 local function read(self, mode, arg, incl)

@@ -46,6 +46,10 @@ dns_resolver_t *lx_client_dns(lx_lane_t *ln, int *err);
 void lx_dns_open(lua_State *L, lx_lane_t *ln);
 void lx_tcp_open(lua_State *L, lx_lane_t *ln);
 void lx_tcp_free_all(lx_client_t *cl);
+/* The protocol of an mp.listen service with on_connect (lx_service_t's
+ * on_connect, max_buffer, max_line): each accepted connection becomes an
+ * mp.tcp socket passed to on_connect in a coroutine of its own. */
+extern const proto_t lx_tcp_server_proto;
 void lx_wait_open(lua_State *L, lx_lane_t *ln);
 void lx_wait_free_all(lx_client_t *cl);
 

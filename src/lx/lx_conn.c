@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "lx/lx_client.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
 #include "lx/lx_lane.h"
@@ -436,6 +437,9 @@ lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
   lua_Number max_queue = lx__number(L, idx, "max_queue",
                                     (lua_Number)REACTOR_DEFAULT_MAX_QUEUE, 1024,
                                     (lua_Number)((size_t)1 << 40));
+  /* on_connect sockets' read limits (0: lx_tcp.c's defaults) */
+  lua_Number max_buffer = lx__number(L, idx, "max_buffer", 0, 1, 1 << 30);
+  lua_Number max_line = lx__number(L, idx, "max_line", 0, 1, 1 << 30);
   static const char *const names[] = {"on_open",     "on_data",  "on_ready",
                                       "on_timeout",  "on_shutdown",
                                       "on_close",    "on_fail"};
@@ -460,6 +464,7 @@ lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
   s->on_shutdown = lx__handler(L, idx, "on_shutdown");
   s->on_close = lx__handler(L, idx, "on_close");
   s->on_fail = client ? lx__handler(L, idx, "on_fail") : LUA_NOREF;
+  s->on_connect = client ? LUA_NOREF : lx__handler(L, idx, "on_connect");
   s->proto.on_open = lx_on_open;
   s->proto.on_data = s->on_data != LUA_NOREF ? lx_on_data : NULL;
   s->proto.on_ready = s->on_ready != LUA_NOREF ? lx_on_ready : NULL;
@@ -467,6 +472,12 @@ lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
   s->proto.on_shutdown = s->on_shutdown != LUA_NOREF ? lx_on_shutdown : NULL;
   s->proto.on_close = lx_on_close;
   s->proto.on_fail = lx_on_fail;
+  if (s->on_connect != LUA_NOREF) {
+    /* The cosocket style: lua/moonport/mp.lua checked the options. */
+    s->max_buffer = (size_t)max_buffer;
+    s->max_line = (size_t)max_line;
+    s->proto = lx_tcp_server_proto;
+  }
   s->next = ln->services;
   if (s->next) s->next->prev = s;
   ln->services = s;
@@ -489,7 +500,7 @@ void lx_service_free(lx_service_t *s) {
   lx_lane_t *ln = s->ln;
   if (s->ext_free) s->ext_free(s);
   int *refs[] = {&s->on_open,     &s->on_data,  &s->on_ready, &s->on_timeout,
-                 &s->on_shutdown, &s->on_close, &s->on_fail};
+                 &s->on_shutdown, &s->on_close, &s->on_fail, &s->on_connect};
   for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++)
     luaL_unref(ln->L, LUA_REGISTRYINDEX, *refs[i]);
   if (s->listener) reactor_listener_close(s->listener);

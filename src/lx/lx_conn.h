@@ -12,6 +12,8 @@ typedef struct lx_service {
   lx_lane_t *ln;
   int on_open, on_data, on_ready, on_timeout, on_shutdown, on_close,
       on_fail; /* registry refs or LUA_NOREF */
+  int on_connect; /* the cosocket style (lx_tcp_server_proto), or NOREF */
+  size_t max_buffer, max_line; /* on_connect sockets' limits (0: default) */
   conn_opts_t opts;
   listener_t *listener;
   lx_shared_listener_t *shared;

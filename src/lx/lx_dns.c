@@ -16,6 +16,7 @@
 typedef struct {
   lx_lane_t *ln;
   lx_run_t run;
+  dns_req_t *dq; /* the lookup, until its callback */
 } lx_dns_q_t;
 
 static void lx__resolved(void *arg, int err, const dns_addr_t *addrs, size_t n,
@@ -41,6 +42,15 @@ static void lx__resolved(void *arg, int err, const dns_addr_t *addrs, size_t n,
     lua_rawseti(co, -2, (int)i + 1);
   }
   lx_resume(ln, &run, 1);
+}
+
+/* A killed task's lookup (lx_wait_cancel_on): its callback never runs
+ * (the query itself may go on and fill the cache). */
+static void lx__cancel(lx_lane_t *ln, void *arg) {
+  lx_dns_q_t *q = arg;
+  dns_cancel(q->dq);
+  lx_run_abandon(ln, &q->run);
+  free(q);
 }
 
 /* core.dns.check(host, family, timeout_ms): raises on misuse (the Lua half
@@ -73,13 +83,15 @@ static int lx_dns_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   int fam = (int)lua_tointeger(co, 4);
   uint32_t ms = (uint32_t)lua_tonumber(co, 5);
   if (!ms) ms = LX_DNS_TIMEOUT_MS;
-  if (!dns_resolve(d, lua_tostring(co, 3),
-                   fam == 4 ? AF_INET : fam == 6 ? AF_INET6 : AF_UNSPEC, ms,
-                   lx__resolved, q)) {
+  q->dq = dns_resolve(d, lua_tostring(co, 3),
+                      fam == 4 ? AF_INET : fam == 6 ? AF_INET6 : AF_UNSPEC,
+                      ms, lx__resolved, q);
+  if (!q->dq) {
     err = -errno;
     free(q);
     return err;
   }
+  lx_wait_cancel_on(ln, lx__cancel, q);
   return 0;
 }
 

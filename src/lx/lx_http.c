@@ -1025,7 +1025,7 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   }
   s->ln = ln;
   s->on_open = s->on_data = s->on_ready = s->on_timeout = s->on_shutdown =
-      s->on_close = s->on_fail = LUA_NOREF;
+      s->on_close = s->on_fail = s->on_connect = LUA_NOREF;
   s->opts.timeout_ms = (uint32_t)(header_timeout * 1000);
   s->opts.write_limit = (size_t)limit;
   s->opts.max_queue = (size_t)max_queue;

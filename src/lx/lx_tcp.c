@@ -28,7 +28,9 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "core/log.h"
 #include "lx/lx_client.h"
+#include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
 
 #define LX_TCP_MT "moonport.tcp"
@@ -65,6 +67,9 @@ struct lx_tcp {
   uint32_t t_connect, t_send, t_read;
   int reused;
   bool paused;     /* reading stopped: the buffer is past max_buffer */
+  bool server;     /* accepted by an on_connect listener (never pooled) */
+  bool shutdown;   /* the server is stopping: a read that waits ends */
+  sock_uuid_t uuid; /* server: the connection's, for s:uid() */
   /* the wait */
   int op;
   int rmode;
@@ -185,7 +190,37 @@ static void lx__task(void *a, void *b) {
   (void)b;
   lx_tcp_t *s = a;
   s->queued = false;
+  if (s->op == OP_NONE && s->anchor != LUA_NOREF) { /* killed meanwhile */
+    int anchor = s->anchor;
+    s->anchor = LUA_NOREF;
+    if (s->cl && !s->cl->ln->closing)
+      luaL_unref(s->cl->ln->L, LUA_REGISTRYINDEX, anchor);
+    return;
+  }
   lx__try(s);
+}
+
+/* A killed task's connect, read or send (lx_wait_cancel_on): the wait
+ * ends now. A connect in progress is dropped (the socket reads as
+ * closed); after a read or send the socket stays as it is. */
+static void lx__cancel(lx_lane_t *ln, void *arg) {
+  lx_tcp_t *s = arg;
+  if (s->op == OP_CONNECT) {
+    if (s->dq) {
+      dns_cancel(s->dq);
+      s->dq = NULL;
+    }
+    lx__drop_conn(s, CONN_LOCAL);
+    lx__set_closed(s, "closed");
+  }
+  s->op = OP_NONE;
+  lx__timer_stop(s);
+  lx_run_t run = s->run;
+  lx_run_abandon(ln, &run);
+  if (s->queued) return; /* lx__task drops the anchor */
+  int anchor = s->anchor;
+  s->anchor = LUA_NOREF;
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, anchor);
 }
 
 /* A result known while arming: resumed from the loop, not from arm. */
@@ -216,6 +251,8 @@ static void lx__timeout(mp_timer_t *t) {
 static int lx__arm_common(lx_tcp_t *s, const lx_run_t *run, lua_State *co,
                           uint32_t ms) {
   s->run = *run;
+  if (s->anchor != LUA_NOREF) /* a killed wait's, its task not run yet */
+    luaL_unref(co, LUA_REGISTRYINDEX, s->anchor);
   lua_pushvalue(co, 3);
   s->anchor = luaL_ref(co, LUA_REGISTRYINDEX);
   lx_lane_t *ln = s->cl->ln;
@@ -226,6 +263,7 @@ static int lx__arm_common(lx_tcp_t *s, const lx_run_t *run, lua_State *co,
     s->op = OP_NONE;
     return -ENOMEM;
   }
+  lx_wait_cancel_on(ln, lx__cancel, s);
   return 0;
 }
 
@@ -328,9 +366,9 @@ static int lx__read_result(lx_tcp_t *s, lua_State *L) {
     break;
   }
   }
-  if (s->state != S_CLOSED) return -1;
+  if (s->state != S_CLOSED && !s->shutdown) return -1;
   lua_pushnil(L);
-  lua_pushstring(L, s->errbuf);
+  lua_pushstring(L, s->state == S_CLOSED ? s->errbuf : "shutdown");
   lua_pushlstring(L, p, avail); /* the partial data */
   lx__consume(s, avail);
   return 3;
@@ -442,6 +480,118 @@ static const proto_t lx_tcp_proto = {
     .on_close = lx__on_close,
     .on_fail = lx__on_fail,
 };
+
+/* ---- server connections (mp.listen { on_connect = }) ----
+ *
+ * An accepted connection becomes a socket like mp.tcp's, handed to
+ * on_connect in a coroutine of its own (LX_PLAIN: it holds the lane, not
+ * the connection, since a held connection would get no on_data while its
+ * coroutine waits in receive). The service's connection count is kept
+ * here, as lx_conn.c does for the callback style. */
+
+struct lx__srv_push {
+  lx_service_t *sv;
+  conn_t *c;
+  lx_tcp_t *s;
+};
+
+static int lx__srv_push(lua_State *L, void *arg) {
+  struct lx__srv_push *p = arg;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, p->sv->on_connect);
+  lx_tcp_t *s = lua_newuserdata(L, sizeof(*s));
+  memset(s, 0, sizeof(*s));
+  s->kind = K_SOCK;
+  s->anchor = LUA_NOREF;
+  timer_init(&s->timer);
+  luaL_getmetatable(L, LX_TCP_MT);
+  lua_setmetatable(L, -2);
+  s->key = strdup("server");
+  if (!s->key) luaL_error(L, "out of memory");
+  p->s = s;
+  return 2;
+}
+
+static void lx__srv_open(conn_t *c) {
+  lx_service_t *sv = reactor_conn_service(c);
+  lx_lane_t *ln = sv->ln;
+  sv->conns++;
+  lx_client_t *cl = lx_client_of(ln);
+  struct lx__srv_push p = {sv, c, NULL};
+  int co_ref, n;
+  lua_State *co = cl ? lx_co_take_push(ln, &co_ref, lx__srv_push, &p, &n)
+                     : NULL;
+  if (!co) {
+    if (!cl) log_error("on_connect: out of memory");
+    reactor_conn_force_close(c, CONN_ERROR);
+    return;
+  }
+  lx_tcp_t *s = p.s;
+  s->cl = cl;
+  s->c = c;
+  s->state = S_OPEN;
+  s->server = true;
+  s->uuid = reactor_conn_uuid(c);
+  s->max_buffer = sv->max_buffer ? sv->max_buffer : LX_TCP_MAX_BUFFER;
+  s->max_line = sv->max_line ? sv->max_line : LX_TCP_MAX_LINE;
+  if (s->max_line > s->max_buffer) s->max_line = s->max_buffer;
+  /* No per-call bound by default: the listener's idle timeout closes a
+   * connection nothing moves on (s:settimeouts adds one). */
+  s->t_connect = s->t_send = s->t_read = 0;
+  s->next = cl->socks;
+  if (s->next) s->next->prev = s;
+  cl->socks = s;
+  reactor_conn_set_udata(c, s);
+  lx_call_on(ln, co, co_ref, n - 1, LX_PLAIN, NULL, NULL, "on_connect");
+}
+
+/* The server is stopping: a read that would wait gets nil, "shutdown"
+ * (buffered data is still returned), so the coroutine can end; sends
+ * still work. */
+static void lx__srv_shutdown(conn_t *c) {
+  lx_tcp_t *s = reactor_conn_udata(c);
+  if (!s) return;
+  s->shutdown = true;
+  lx__try(s);
+}
+
+static void lx__srv_close(conn_t *c, int reason) {
+  lx_service_t *sv = reactor_conn_service(c);
+  lx__gone(c, 0, reason);
+  sv->conns--;
+  lx_service_maybe_free(sv);
+}
+
+const proto_t lx_tcp_server_proto = {
+    .on_open = lx__srv_open,
+    .on_data = lx__on_data,
+    .on_ready = lx__on_ready,
+    .on_timeout = lx__on_timeout,
+    .on_shutdown = lx__srv_shutdown,
+    .on_close = lx__srv_close,
+    .on_fail = lx__on_fail,
+};
+
+/* s:peer(): ip, port (or "unix", path), or nil, "closed". */
+static int lx_tcp_peer(lua_State *L) {
+  lx_tcp_t *s = lx__check(L);
+  int n = s->c ? lx_push_peer(L, s->c) : 0;
+  if (n > 0) return n;
+  lua_pushnil(L);
+  lua_pushliteral(L, "closed");
+  return 2;
+}
+
+/* s:uid(): the server-wide id of an accepted connection (as conn:uid()),
+ * nil for a client socket. */
+static int lx_tcp_uid(lua_State *L) {
+  lx_tcp_t *s = lx__check(L);
+  if (!s->server || !s->cl) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lx_push_uid(L, s->cl->ln->srv, s->uuid);
+  return 1;
+}
 
 /* ---- connecting ---- */
 
@@ -722,7 +872,9 @@ static int lx_tcp_setkeepalive(lua_State *L) {
   if (size < 1 || size > LX_TCP_POOL_MAX)
     return luaL_argerror(L, 3, "pool_size must be 1 to 1024");
   const char *why = NULL;
-  if (s->op != OP_NONE)
+  if (s->server)
+    why = "a server connection can't be pooled";
+  else if (s->op != OP_NONE)
     why = "socket busy (another coroutine waits on it)";
   else if (s->state != S_OPEN || !s->c || !reactor_conn_is_open(s->c))
     why = s->state == S_CLOSED ? s->errbuf : "closed";
@@ -890,6 +1042,8 @@ void lx_tcp_open(lua_State *L, lx_lane_t *ln) {
       {"getreusedtimes", lx_tcp_getreusedtimes},
       {"setkeepalive", lx_tcp_setkeepalive},
       {"close", lx_tcp_close},
+      {"peer", lx_tcp_peer},
+      {"uid", lx_tcp_uid},
       {NULL, NULL}};
   for (const luaL_Reg *r = plain; r->name; r++) {
     lua_pushcfunction(L, r->func);

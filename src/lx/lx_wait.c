@@ -23,6 +23,7 @@ struct lx_wake {
   int state;
   bool woken;      /* fired (not timed out) */
   bool queued;     /* a resume task is posted */
+  bool cancelled;  /* killed while queued: the task only drops the anchor */
   lx_run_t run;    /* W_ARMED: the waiting callback */
   mp_timer_t timer;
   int anchor;      /* registry ref to the userdata while armed, so a timer
@@ -66,6 +67,13 @@ static void lx__task(void *a, void *b) {
   (void)b;
   lx_wake_t *w = a;
   w->queued = false;
+  if (w->cancelled) {
+    w->cancelled = false;
+    int anchor = w->anchor;
+    w->anchor = LUA_NOREF;
+    if (!w->ln->closing) luaL_unref(w->ln->L, LUA_REGISTRYINDEX, anchor);
+    return;
+  }
   if (!w->cl || w->cl->closing || w->ln->closing) return;
   lx__resume(w);
 }
@@ -75,6 +83,24 @@ static void lx__timeout(mp_timer_t *t) {
   if (w->state != W_ARMED) return;
   w->state = W_DONE;
   lx__resume(w);
+}
+
+/* A killed task's mp.wait (lx_wait_cancel_on): the timer and any posted
+ * resume are dropped; a later wake(...) is a no-op. */
+static void lx__cancel(lx_lane_t *ln, void *arg) {
+  lx_wake_t *w = arg;
+  if (w->timer.armed) timer_stop(reactor_timers(ln->r), &w->timer);
+  lx__unlink(w);
+  w->state = W_DONE;
+  lx_run_t run = w->run;
+  lx_run_abandon(ln, &run);
+  if (w->queued) { /* fired, its task posted: that task drops the anchor */
+    w->cancelled = true;
+    return;
+  }
+  int anchor = w->anchor;
+  w->anchor = LUA_NOREF;
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, anchor);
 }
 
 /* core.wake.new(): a latch. */
@@ -140,6 +166,7 @@ static int lx_wake_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   w->next = cl->wakes;
   if (w->next) w->next->prev = w;
   cl->wakes = w;
+  lx_wait_cancel_on(ln, lx__cancel, w);
   return 0;
 }
 
