@@ -1,6 +1,5 @@
 -- Unit specs of lua/moonport/url.lua (mp.fetch's URL parsing and redirect
 -- resolution): pure Lua, no server. The e2e use is spec/e2e/fetch_spec.lua.
-package.path = "lua/?.lua;" .. package.path
 local url = require "moonport.url"
 
 describe("url.parse", function()
