@@ -17,6 +17,7 @@ local url = require("moonport.url")
 local C = core.fetch
 local parse, now = C.parse, C.now
 local type, pairs, ipairs, tostring, tonumber = type, pairs, ipairs, tostring, tonumber
+local setmetatable = setmetatable
 local error, concat, min, ceil = error, table.concat, math.min, math.ceil
 local lower, find, format = string.lower, string.find, string.format
 
@@ -87,31 +88,49 @@ local function arm(s, deadline)
   return true
 end
 
--- Reads the body as the head says; the body string, or nil, err.
-local function read_body(s, kind, clen, o, deadline)
+local function closed(err)
+  return err == "closed" and "closed before the end of the body" or err
+end
+
+-- A reader of the body as the head says: each call returns the next
+-- piece, nil at the end, or nil, err (then always that). deadline() is the
+-- time the next read must end by.
+local function body_reader(s, kind, clen, o, deadline)
   local piece, max_body = o.max_header, o.max_body
-  local parts, np, total = {}, 0, 0
+  local total, need_crlf, done, failed = 0, false, kind == "none", nil
+  local left = kind == "length" and clen or 0 -- chunked: of the current chunk
   if kind == "length" then
-    if clen > max_body then return nil, "body too large" end
-    local left = clen
-    while left > 0 do
-      if not arm(s, deadline) then return nil, "timeout" end
+    if clen > max_body then failed = "body too large" end
+    done = clen == 0
+  end
+  local function step()
+    if kind == "length" then
       local d, err = s:receive(min(left, piece))
-      if not d then
-        if err == "closed" then return nil, "closed before the end of the body" end
-        return nil, err
-      end
-      np = np + 1; parts[np] = d
+      if not d then return nil, closed(err) end
       left = left - #d
-    end
-  elseif kind == "chunked" then
-    while true do
-      if not arm(s, deadline) then return nil, "timeout" end
-      local line, err = s:receive("*l")
-      if not line then
-        if err == "closed" then return nil, "closed before the end of the body" end
-        return nil, err
+      done = left == 0
+      return d
+    elseif kind == "close" then
+      local d, err, partial = s:receive(piece)
+      if not d then
+        if err ~= "closed" then return nil, err end
+        d, done = partial or "", true
       end
+      total = total + #d
+      if total > max_body then return nil, "body too large" end
+      if d == "" then return nil end
+      return d
+    end
+    -- chunked
+    if need_crlf then
+      local crlf, err = s:receive("*l")
+      if crlf ~= "" then return nil, crlf and "bad chunked body" or closed(err) end
+      need_crlf = false
+      if not arm(s, deadline()) then return nil, "timeout" end
+    end
+    if left == 0 then
+      local line, err = s:receive("*l")
+      if not line then return nil, closed(err) end
       local hex = line:match("^(%x+)[ \t]*;?")
       if not hex or #hex > 15 then return nil, "bad chunked body" end
       local size = tonumber(hex, 16)
@@ -119,48 +138,70 @@ local function read_body(s, kind, clen, o, deadline)
         -- Trailer fields up to the empty line, skipped; bounded as a head.
         local tb = 0
         repeat
-          if not arm(s, deadline) then return nil, "timeout" end
+          if not arm(s, deadline()) then return nil, "timeout" end
           local t, terr = s:receive("*l")
-          if not t then return nil, terr == "closed" and "closed before the end of the body" or terr end
+          if not t then return nil, closed(terr) end
           tb = tb + #t + 2
           if tb > o.max_header then return nil, "response trailers too large" end
         until t == ""
-        break
+        done = true
+        return nil
       end
       total = total + size
       if total > max_body then return nil, "body too large" end
-      local left = size
-      while left > 0 do
-        if not arm(s, deadline) then return nil, "timeout" end
-        local d, derr = s:receive(min(left, piece))
-        if not d then
-          return nil, derr == "closed" and "closed before the end of the body" or derr
-        end
-        np = np + 1; parts[np] = d
-        left = left - #d
-      end
-      if not arm(s, deadline) then return nil, "timeout" end
-      local crlf, cerr = s:receive("*l")
-      if crlf ~= "" then
-        if not crlf then return nil, cerr == "closed" and "closed before the end of the body" or cerr end
-        return nil, "bad chunked body"
-      end
+      left = size
+      if not arm(s, deadline()) then return nil, "timeout" end
     end
-  else -- "close": everything up to the server's close
-    while true do
-      if not arm(s, deadline) then return nil, "timeout" end
-      local d, err, partial = s:receive(piece)
-      if not d then
-        if err ~= "closed" then return nil, err end
-        d = partial or ""
-      end
-      total = total + #d
-      if total > max_body then return nil, "body too large" end
-      np = np + 1; parts[np] = d
-      if err then break end
+    local d, err = s:receive(min(left, piece))
+    if not d then return nil, closed(err) end
+    left = left - #d
+    need_crlf = left == 0
+    return d
+  end
+  return function()
+    if failed then return nil, failed end
+    if done then return nil end
+    if not arm(s, deadline()) then failed = "timeout"; return nil, failed end
+    local d, err = step()
+    if err then failed = err end
+    return d, err
+  end
+end
+
+-- The whole body through a reader: the string, or nil, err.
+local function read_body(next_piece)
+  local parts, np = {}, 0
+  while true do
+    local d, err = next_piece()
+    if not d then
+      if err then return nil, err end
+      return concat(parts, "", 1, np)
+    end
+    np = np + 1; parts[np] = d
+  end
+end
+
+-- res:read() of a stream = true fetch: the next piece of the body, nil at
+-- its end, or nil, err. The connection goes back to the pool at the end
+-- (when the response allows), or is closed on an error or res:close().
+local stream_mt = { __index = {} }
+function stream_mt.__index:read()
+  local st = self._st
+  if not st then return nil, self._err end
+  local d, err = st.next()
+  if d == nil then
+    self._st, self._err = nil, err or nil
+    if not err and st.keep then
+      st.s:setkeepalive(st.o.pool_idle, st.o.pool_size)
+    else
+      st.s:close()
     end
   end
-  return concat(parts, "", 1, np)
+  return d, err
+end
+function stream_mt.__index:close()
+  local st = self._st
+  if st then self._st, self._err = nil, "closed"; st.s:close() end
 end
 
 -- Sends a body a function yields piece by piece, chunked; nil, err.
@@ -222,8 +263,15 @@ local function exchange(u, method, head, body, o, deadline)
       if not status then ok = nil end
     end
     if ok then
-      local b, berr = "", nil
-      if kind ~= "none" then b, berr = read_body(s, kind, clen, o, deadline) end
+      local timeout = o.timeout
+      if o.stream and not (o.follow and REDIRECT[status] and headers.location) then
+        -- Each read of a stream has the whole timeout: a stream may last.
+        local next_piece = body_reader(s, kind, clen, o, function() return now() + timeout end)
+        local keep_it = keep and o.keepalive ~= false
+        return setmetatable({ status = status, reason = reason, headers = headers,
+          _st = { s = s, next = next_piece, keep = keep_it, o = o } }, stream_mt)
+      end
+      local b, berr = read_body(body_reader(s, kind, clen, o, function() return deadline end))
       if not b then return fail(s, berr) end
       if keep and o.keepalive ~= false then
         s:setkeepalive(o.pool_idle, o.pool_size)
@@ -267,10 +315,13 @@ return function(target, opts)
     pool_size = o.pool_size or POOL_SIZE,
     pool_idle = o.pool_idle or POOL_IDLE,
     keepalive = o.keepalive,
+    stream = o.stream and true or false,
+    timeout = o.timeout or TIMEOUT,
   }
   local follow = o.follow
   if follow == true then follow = MAX_FOLLOW elseif not follow then follow = 0 end
   if type(follow) ~= "number" then error("mp.fetch: follow must be a number or a boolean", 2) end
+  cfg.follow = follow > 0
   local deadline = now() + (o.timeout or TIMEOUT)
   local method, body, headers = o.method or "GET", o.body, o.headers
   local hops = 0

@@ -143,6 +143,25 @@ describe("mp.fetch", function()
     assert.equal(200, fetch("/hello").status)
   end)
 
+  it("stream = true: res:read() gives the pieces, the connection pooled at the end", function()
+    local n0 = conns()
+    local r = fetch("/chunked", { stream = 1 })
+    assert.same({ 200, "abc" }, { r.status, r.body })
+    assert.truthy(r.pieces >= 2, "pieces: " .. r.pieces) -- "a", "b", "c" 20 ms apart
+    r = fetch("/hello", { stream = 1 })
+    assert.same({ 200, "hello from node" }, { r.status, r.body })
+    assert.equal(n0, conns())
+    r = fetch("/s204", { stream = 1 })
+    assert.same({ 204, "", 0 }, { r.status, r.body, r.pieces })
+    r = fetch("/forever", { stream = 1, max_body = 100000 })
+    assert.equal("body too large", r.err)
+    assert.truthy(r.pieces >= 1)
+    assert.equal("closed before the end of the body", fetch("/lying", { stream = 1 }).err)
+    -- /forever's connection (the pooled one) was closed on the error,
+    -- /lying's by the server: /conns comes on a third one
+    assert.equal(n0 + 2, conns())
+  end)
+
   it("Python's http.server: a file and a 404", function()
     local r = fetch("http://127.0.0.1:" .. pyport .. "/file.txt")
     assert.same({ 200, "a file served by python\n" }, { r.status, r.body })
