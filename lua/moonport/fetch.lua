@@ -49,7 +49,8 @@ local function request_head(method, u, headers, body_kind, body_len)
         return nil, "bad header name: " .. tostring(k)
       end
       local lk = lower(k)
-      if lk ~= "content-length" and lk ~= "transfer-encoding" and lk ~= "connection" then
+      -- The framing fields are the client's own: it writes the body.
+      if lk ~= "content-length" and lk ~= "transfer-encoding" then
         have[lk] = true
         local vs = type(v) == "table" and v or { v }
         for _, one in ipairs(vs) do
@@ -62,10 +63,6 @@ local function request_head(method, u, headers, body_kind, body_len)
           out[n + 1], out[n + 2], out[n + 3], out[n + 4] = k, ": ", one, "\r\n"
           n = n + 4
         end
-      elseif lk == "connection" then
-        have.connection = true
-        out[n + 1], out[n + 2], out[n + 3] = "Connection: ", tostring(v), "\r\n"
-        n = n + 3
       end
     end
   end

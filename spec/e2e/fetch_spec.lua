@@ -60,6 +60,8 @@ describe("mp.fetch", function()
     assert.equal(base:match("//(.*)$"), e.headers.host)
     assert.truthy(e.headers["user-agent"]:match("^moonport/%d"))
     assert.equal("yes", e.headers["x-test"])
+    -- no header injection: a CR or LF in a value is refused before sending
+    assert.equal("bad header value for X-Test", fetch("/echo", { hdr = "a\r\nX-Evil: 1" }).err)
   end)
 
   it("POST with a string body and with a body function (chunked)", function()
