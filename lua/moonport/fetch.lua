@@ -293,6 +293,9 @@ local function check_opts(o)
       error("mp.fetch: " .. k .. " must be a number >= 1", 3)
     end
   end
+  if o.pool_size ~= nil and o.pool_size > 1024 then
+    error("mp.fetch: pool_size must be 1 to 1024", 3)
+  end
   if o.method ~= nil and (type(o.method) ~= "string" or not o.method:match("^%u+$")) then
     error("mp.fetch: method must be an upper-case name like \"GET\"", 3)
   end
