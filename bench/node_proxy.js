@@ -1,22 +1,16 @@
-// scripts/bench-proxy's Node.js server: every request is fetched from the
-// upstream with http.request on a keep-alive Agent and its body sent back.
-// usage: node bench/node_proxy.js PORT UPSTREAM_PORT
-'use strict';
-const http = require('http');
-const port = Number(process.argv[2]);
-const up = Number(process.argv[3]);
-const agent = new http.Agent({ keepAlive: true, maxSockets: 256 });
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(0));
+// bench-proxy's Node row: every request fetches the upstream's body with
+// http.get on a keep-alive Agent and returns it.
+// Usage: node bench/node_proxy.js PORT UPSTREAM_PORT
+const http = require("http");
+const [port, upPort] = process.argv.slice(2).map(Number);
+const agent = new http.Agent({ keepAlive: true, maxSockets: 128 });
 http.createServer((req, res) => {
-  const u = http.request({ host: '127.0.0.1', port: up, path: '/', agent }, (ur) => {
+  http.get({ host: "127.0.0.1", port: upPort, path: "/", agent }, (up) => {
     const parts = [];
-    ur.on('data', (d) => parts.push(d));
-    ur.on('end', () => {
-      const body = Buffer.concat(parts);
-      res.writeHead(ur.statusCode, { 'Content-Type': 'text/plain', 'Content-Length': body.length });
-      res.end(body);
+    up.on("data", (d) => parts.push(d));
+    up.on("end", () => {
+      res.writeHead(up.statusCode, { "Content-Type": "text/plain" });
+      res.end(Buffer.concat(parts));
     });
-  });
-  u.on('error', (e) => { res.writeHead(502); res.end(e.message); });
-  u.end();
-}).listen(port, '127.0.0.1');
+  }).on("error", (e) => { res.statusCode = 502; res.end(String(e)); });
+}).listen(port, "127.0.0.1");

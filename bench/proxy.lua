@@ -1,15 +1,14 @@
--- scripts/bench-proxy's moonport server: every request is fetched from the
--- upstream with mp.fetch (its per-lane keep-alive pool) and its body sent
--- back. usage: moonport -w 1 -t 1 bench/proxy.lua PORT UPSTREAM_PORT
+-- bench-proxy's moonport row: every request fetches the upstream's body
+-- with mp.fetch (the lane's keep-alive pool) and returns it.
+-- Usage: moonport bench/proxy.lua PORT UPSTREAM_PORT
 local mp = require "moonport"
-local port, up = tonumber(mp.args[1]), tonumber(mp.args[2])
-local url = "http://127.0.0.1:" .. up .. "/"
+local up = "http://127.0.0.1:" .. mp.args[2] .. "/"
 
 mp.http {
-  port = port, address = "127.0.0.1",
+  port = tonumber(mp.args[1]),
   on_request = function(_, res)
-    local r, err = mp.fetch(url, { timeout = 5000 })
+    local r, err = mp.fetch(up, { pool_size = 128 })
     if not r then return res:status(502):send(err) end
-    res:status(r.status):send(r.body)
+    res:header("content-type", "text/plain"):send(r.body)
   end,
 }

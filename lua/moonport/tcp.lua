@@ -85,7 +85,8 @@ local function opt_num(v, what)
   return v
 end
 
--- mp.tcp { host =, port = | path =, timeout =, max_buffer =, max_line = }
+-- mp.tcp { host =, port = | path =, timeout =, max_buffer =, max_line =,
+--          pool = false (connect anew, never take from the pool) }
 -- or mp.tcp(host, port [, opts]).
 return function(a, b, c)
   local o
@@ -94,7 +95,7 @@ return function(a, b, c)
   elseif type(a) == "string" then
     o = type(c) == "table" and c or {}
     o = { host = a, port = b, timeout = o.timeout, max_buffer = o.max_buffer,
-          max_line = o.max_line }
+          max_line = o.max_line, pool = o.pool }
   else
     error("mp.tcp: expects { host =, port = } or { path = }, or host, port", 2)
   end
@@ -102,7 +103,7 @@ return function(a, b, c)
   if path ~= nil and type(path) ~= "string" then error("mp.tcp: path must be a string", 2) end
   if host ~= nil and type(host) ~= "string" then error("mp.tcp: host must be a string", 2) end
   local s, ready = new(host, opt_num(o.port, "port"), path, opt_num(o.timeout, "timeout"),
-    opt_num(o.max_buffer, "max_buffer"), opt_num(o.max_line, "max_line"))
+    opt_num(o.max_buffer, "max_buffer"), opt_num(o.max_line, "max_line"), o.pool == false)
   if ready then return s end
   local ok, err = yield(TOKEN, arm_connect, s)
   if not ok then return nil, err end

@@ -4,6 +4,7 @@
  * lane runner walks this table. Order matters where noted. */
 #include "lx/lx_client.h"
 #include "lx/lx_conn.h"
+#include "lx/lx_fetch.h"
 #include "lx/lx_http.h"
 #include "lx/lx_lane.h"
 #include "lx/lx_modules.h"
@@ -86,6 +87,8 @@ const lx_module_t lx_modules[] = {
     {.name = "redis", .open = lx_redis_open, .close = lx_redis_close_all},
     /* mp.resolve, mp.tcp, mp.wait: their sockets are on the reactor */
     {.name = "client", .open = lx_client_open, .close = lx_client_lane_free},
+    /* mp.fetch: after client (fetch.lua is written over mp.tcp) */
+    {.name = "fetch", .open = lx_fetch_open},
     {.name = "stats", .init = stats_init, .open = lx_stats_open,
      .start = lx_stats_lane_start, .stop = lx_stats_lane_stop},
     {.name = "shared", .open = lx_shared_open},

@@ -683,8 +683,9 @@ static size_t lx__size_arg(lua_State *L, int idx, size_t dflt) {
   return (size_t)n;
 }
 
-/* core.tcp.new(host, port, path, timeout, max_buffer, max_line): a socket
- * and whether it is connected already (from the pool). */
+/* core.tcp.new(host, port, path, timeout, max_buffer, max_line, fresh): a
+ * socket and whether it is connected already (from the pool; never when
+ * `fresh`: mp.fetch's retry after a pooled connection turned out dead). */
 static int lx_tcp_new(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
   const char *host = luaL_optstring(L, 1, NULL);
@@ -699,6 +700,7 @@ static int lx_tcp_new(lua_State *L) {
   size_t max_buffer = lx__size_arg(L, 5, LX_TCP_MAX_BUFFER);
   size_t max_line = lx__size_arg(L, 6, LX_TCP_MAX_LINE);
   if (max_line > max_buffer) max_line = max_buffer;
+  bool fresh = lua_toboolean(L, 7);
   lx_check_waitable(L, ln, "mp.tcp");
   lx_client_t *cl = lx_client_of(ln);
   if (!cl) return luaL_error(L, "mp.tcp: out of memory");
@@ -727,7 +729,7 @@ static int lx_tcp_new(lua_State *L) {
   s->next = cl->socks;
   if (s->next) s->next->prev = s;
   cl->socks = s;
-  lx_tcp_idle_t *e = lx__idle_take(cl, s->key);
+  lx_tcp_idle_t *e = fresh ? NULL : lx__idle_take(cl, s->key);
   if (e) {
     s->c = e->c;
     s->reused = e->reused + 1;
