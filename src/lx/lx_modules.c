@@ -16,6 +16,7 @@
 #include "lx/lx_task.h"
 #include "lx/lx_timer.h"
 #include "lx/lx_ws.h"
+#include "lx/lx_wsc.h"
 
 /* ---- connections and services (lx_conn.c) ---- */
 
@@ -86,6 +87,8 @@ const lx_module_t lx_modules[] = {
     {.name = "redis", .open = lx_redis_open, .close = lx_redis_close_all},
     /* mp.resolve, mp.tcp, mp.wait: their sockets are on the reactor */
     {.name = "client", .open = lx_client_open, .close = lx_client_lane_free},
+    /* mp.websocket: Lua over mp.connect, nothing of its own to end */
+    {.name = "wsc", .open = lx_wsc_open},
     {.name = "stats", .init = stats_init, .open = lx_stats_open,
      .start = lx_stats_lane_start, .stop = lx_stats_lane_stop},
     {.name = "shared", .open = lx_shared_open},
