@@ -266,5 +266,7 @@ void lx_wsc_open(lua_State *L, lx_lane_t *ln) {
   }
   lua_pop(L, 1);
   lx_require(L, "moonport.websocket");
+  lua_getfield(L, -1, "connect");
+  lua_remove(L, -2);
   lua_setfield(L, -2, "websocket");
 }
