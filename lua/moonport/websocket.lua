@@ -16,7 +16,7 @@ local concat, char, sub, lower = table.concat, string.char, string.sub, string.l
 local find, match, gsub = string.find, string.match, string.gsub
 local setmetatable = setmetatable
 
-local OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 1, 2, 8, 9, 10
+local OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
 local NO_STATUS, ABNORMAL = 1005, 1006
 
 -- After a close frame goes out, the peer has this long to answer it.
@@ -58,7 +58,17 @@ function WS:send(data, is_text)
   elseif is_text and not core.utf8(data) then
     error("ws:send: is_text with bytes that are not UTF-8", 2)
   end
-  return self._conn:write(core.frame(is_text and OP_TEXT or OP_BINARY, true, data))
+  local op = is_text and OP_TEXT or OP_BINARY
+  local frag = self._fragment
+  if not frag or #data <= frag then return self._conn:write(core.frame(op, true, data)) end
+  -- opts.fragment: a long message goes as frames of at most that many
+  -- bytes, the first with the opcode, the rest continuations
+  local n = #data
+  local parts = {}
+  for at = 1, n, frag do
+    parts[#parts + 1] = core.frame(at == 1 and op or OP_CONT, at + frag > n, sub(data, at, at + frag - 1))
+  end
+  return self._conn:write(concat(parts))
 end
 
 function WS:ping(data)
@@ -231,7 +241,7 @@ end
 
 local FIELDS = { on_open = "function", on_message = "function", on_close = "function",
   on_error = "function", on_pong = "function", protocols = "table", headers = "table",
-  timeout = "number", max_msg = "number" }
+  timeout = "number", max_msg = "number", fragment = "number" }
 
 local function bad_header(s) return type(s) ~= "string" or find(s, "[\r\n%z]") ~= nil end
 
@@ -275,6 +285,10 @@ function M.connect(url, opts)
   end
   local timeout = opts.timeout or 10000
   if timeout <= 0 or timeout > 86400000 then error("mp.websocket: timeout must be 1 to 86400000 ms", 2) end
+  local fragment = opts.fragment
+  if fragment and (fragment < 1 or fragment % 1 ~= 0) then
+    error("mp.websocket: fragment must be a whole number of bytes, at least 1", 2)
+  end
   local host, port, target, hosthdr = parse_url(url)
   if not host then return nil, port end
 
@@ -300,7 +314,7 @@ function M.connect(url, opts)
 
   local self = setmetatable({ env = {}, _state = "connecting", _h = opts, _url = url,
     _accept = core.accept(key), _offered = offered, _head = "",
-    _reader = core.reader(max_msg) }, WS)
+    _reader = core.reader(max_msg), _fragment = fragment }, WS)
   local m = mp()
   self._conn = m.connect {
     host = host, port = port, connect_timeout = timeout / 1000,

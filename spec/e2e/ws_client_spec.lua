@@ -83,6 +83,11 @@ describe("mp.websocket", function()
       assert.equal("done", c[#c].reason)
     end)
 
+    it(peer .. ": opts.fragment sends long messages as fragments of 1000 bytes, which the server joins", function()
+      local ev = run("fragmented", url("/echo"))
+      assert.same({ "open 101", "text 70000 same", "binary 000102ff", "binary 70001 same", "close 1000 " }, ev)
+    end)
+
     it(peer .. ": the server closes with 4001 \"bye\": on_close gets them", function()
       local ev = run("server_close", url("/close"))
       assert.same({ "open 101", "close 4001 bye" }, ev)
@@ -137,6 +142,11 @@ describe("mp.websocket", function()
     ev = run("plain", theirs("/404"))
     assert.equal(1, #ev)
     assert.matches("^error handshake: status 404", ev[1])
+  end)
+
+  it("opts.headers go in the handshake: on_upgrade sees them", function()
+    assert.same({ "open 101", "close 1000 " }, run("headers", mine("/token")))
+    assert.matches("^error handshake: status 401", run("plain", mine("/token"))[1])
   end)
 
   it("a wrong Sec-WebSocket-Accept, a subprotocol not offered: on_error", function()
