@@ -109,6 +109,62 @@ function WS:close(code, reason)
   return true
 end
 
+-- ---- waiting style: no handlers given, ws:receive() ----
+
+-- Messages a waiting client holds before it stops reading (the server
+-- then meets TCP back pressure); reading resumes below half.
+local QUEUE_MAX = 64
+
+function WS:receive(timeout)
+  if not self._queue then error("ws:receive: only for a client made without handlers", 2) end
+  local q = self._queue
+  if q.first <= q.last then
+    local data, is_text = q[q.first], q[q.first + 1]
+    q[q.first], q[q.first + 1] = nil, nil
+    q.first = q.first + 2
+    if self._paused and (q.last - q.first + 1) / 2 < QUEUE_MAX / 2 then
+      self._paused = false
+      self._conn:resume()
+    end
+    return data, is_text
+  end
+  if self._state ~= "open" then return nil, "closed", self._code or ABNORMAL, self._reason or "" end
+  if self._waiter then error("ws:receive: another coroutine is already waiting", 2) end
+  local data, is_text, code, reason = mp().wait(function(wake) self._waiter = wake end, timeout)
+  self._waiter = nil
+  return data, is_text, code, reason
+end
+
+-- The handlers of a waiting client: messages to the queue or a waiter.
+local function waiting_handlers(self)
+  local h = {}
+  h.on_open = function() if self._wake_open then self._wake_open(true) end end
+  h.on_error = function(_, err) if self._wake_open then self._wake_open(nil, err) end end
+  h.on_message = function(_, data, is_text)
+    local w = self._waiter
+    if w then
+      self._waiter = nil
+      w(data, is_text)
+      return
+    end
+    local q = self._queue
+    q[q.last + 1], q[q.last + 2] = data, is_text
+    q.last = q.last + 2
+    if not self._paused and (q.last - q.first + 1) / 2 >= QUEUE_MAX then
+      self._paused = true
+      self._conn:pause()
+    end
+  end
+  h.on_close = function(_, code, reason)
+    local w = self._waiter
+    if w then
+      self._waiter = nil
+      w(nil, "closed", code, reason)
+    end
+  end
+  return h
+end
+
 function WS:protocol() return self._protocol end
 function WS:is_open() return self._state == "open" end
 function WS:state() return self._state end
@@ -312,9 +368,16 @@ function M.connect(url, opts)
   end
   req[#req + 1] = "\r\n"
 
+  -- no handlers at all: the waiting style (mp.websocket returns once the
+  -- handshake is done; messages come from ws:receive)
+  local waiting = not (opts.on_open or opts.on_message or opts.on_close or opts.on_error or opts.on_pong)
   local self = setmetatable({ env = {}, _state = "connecting", _h = opts, _url = url,
     _accept = core.accept(key), _offered = offered, _head = "",
     _reader = core.reader(max_msg), _fragment = fragment }, WS)
+  if waiting then
+    self._h = waiting_handlers(self)
+    self._queue = { first = 1, last = 0 }
+  end
   local m = mp()
   self._conn = m.connect {
     host = host, port = port, connect_timeout = timeout / 1000,
@@ -329,6 +392,15 @@ function M.connect(url, opts)
     self._hs_timer = nil
     fail_handshake(self, "handshake: timeout")
   end)
+  if waiting then
+    local called, ok, err = pcall(m.wait, function(wake) self._wake_open = wake end)
+    if not called then -- not inside a callback: no connection left behind
+      self._state = "closed"
+      self._conn:close(true)
+      error(ok, 2)
+    end
+    if not ok then return nil, err end
+  end
   return self
 end
 

@@ -88,6 +88,11 @@ describe("mp.websocket", function()
       assert.same({ "open 101", "text 70000 same", "binary 000102ff", "binary 70001 same", "close 1000 " }, ev)
     end)
 
+    it(peer .. ": without handlers mp.websocket waits for the handshake; ws:receive waits for a message, times out, sees the close", function()
+      assert.same({ "text one", "binary 74776f", "nil timeout", "nil closed 4003", "nil closed" },
+        run("waiting", url("/echo")))
+    end)
+
     it(peer .. ": the server closes with 4001 \"bye\": on_close gets them", function()
       local ev = run("server_close", url("/close"))
       assert.same({ "open 101", "close 4001 bye" }, ev)
@@ -142,6 +147,8 @@ describe("mp.websocket", function()
     ev = run("plain", theirs("/404"))
     assert.equal(1, #ev)
     assert.matches("^error handshake: status 404", ev[1])
+    ev = run("waiting", mine("/nope"))
+    assert.same({ "nil handshake: status 404 (not 101 Switching Protocols)" }, ev)
   end)
 
   it("opts.headers go in the handshake: on_upgrade sees them", function()
