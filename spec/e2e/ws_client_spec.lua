@@ -162,6 +162,14 @@ describe("mp.websocket", function()
     assert.same({ "error handshake: the server chose subprotocol other, which was not offered" }, ev)
   end)
 
+  it("a 101 whose head is over 16 KiB: on_error", function()
+    assert.same({ "error handshake: response head too large" }, run("plain", theirs("/hugehead")))
+  end)
+
+  it("waiting style: 200 messages taken late (the client pauses past 64 queued) all arrive, in order", function()
+    assert.same({ "200 in order" }, run("burst", theirs("/burst?n=200")))
+  end)
+
   it("a server that masks its frames gets 1002", function()
     assert.same({ "open 101", "close 1002 protocol error" }, run("plain", theirs("/masked")))
   end)

@@ -10,7 +10,9 @@
 //   /close       on the message "close-me" closes with 4001 "bye"
 //   /proto       picks "chat.v2" when offered
 //   /big?n=N     sends N bytes of text at once
+//   /burst?n=N   sends "m1 xxx.." .. "mN xxx.." (1 KB each) at once
 //   raw answers (no ws): /404 (404), /badaccept (101 with a wrong accept),
+//   /hugehead (a 101 with a 20 KB header field),
 //   /wrongproto (101 choosing a subprotocol no one offered), /masked (a
 //   good 101, then a masked text frame, which only clients may send)
 const http = require('http');
@@ -42,6 +44,9 @@ server.on('upgrade', (req, socket, head) => {
       return;
     case '/badaccept':
       socket.write(raw101(accept(key + 'x')));
+      return;
+    case '/hugehead':
+      socket.write(raw101(accept(key), 'X-Big: ' + 'x'.repeat(20000) + '\r\n'));
       return;
     case '/wrongproto':
       socket.write(raw101(accept(key), 'Sec-WebSocket-Protocol: other\r\n'));
@@ -91,6 +96,9 @@ server.on('upgrade', (req, socket, head) => {
         break;
       case '/proto':
         ws.send('protocol ' + ws.protocol);
+        break;
+      case '/burst':
+        for (let i = 1; i <= Number(url.searchParams.get('n')); i++) ws.send('m' + i + ' ' + 'x'.repeat(1000));
         break;
       case '/big':
         ws.send('x'.repeat(Number(url.searchParams.get('n'))));
