@@ -100,6 +100,8 @@ function WS:close(code, reason)
   end
   if self._state == "connecting" then
     self._state = "closed"
+    if self._hs_timer then self._hs_timer:stop() end
+    self._hs_timer = nil
     self._conn:close(true)
     return true
   end

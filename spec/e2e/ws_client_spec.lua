@@ -41,7 +41,8 @@ describe("mp.websocket", function()
   local function run(case, url)
     local st, body = get(port, "/run?case=" .. case .. "&url=" .. esc(url))
     assert.equal(200, st, body)
-    return cjson.decode(body).events
+    local r = cjson.decode(body)
+    return r.events, r.state
   end
   local function mine(path) return "ws://127.0.0.1:" .. wsport .. path end
   local function theirs(path) return "ws://127.0.0.1:" .. nport .. path end
@@ -182,6 +183,13 @@ describe("mp.websocket", function()
     ev = run("timeout", "ws://127.0.0.1:" .. sport .. "/")
     assert.same({ "error handshake: timeout" }, ev)
     assert.is_true(H.now() - t0 < H.T(3))
+  end)
+
+  it("ws:close() while connecting drops the attempt: no on_error, no on_close", function()
+    local _, sport = get(port, "/silent")
+    local ev, state = run("abort", "ws://127.0.0.1:" .. sport .. "/")
+    assert.same({ "close true" }, ev)
+    assert.equal("closed", state)
   end)
 
   it("wss:// and bad urls are nil, err at once", function()
