@@ -128,7 +128,34 @@ static void test_read(void) {
   ws_reader_deinit(&r);
 }
 
+/* The client's writer: a masked head, then ws_mask; a server's reader
+ * gets the payload back, at every length class. */
+static void test_masked(void) {
+  const unsigned char key[4] = {0x01, 0x80, 0xfe, 0x5a};
+  static char buf[70000 + WS_MAX_HEAD];
+  static char msg[70000];
+  for (size_t i = 0; i < sizeof(msg); i++) msg[i] = (char)('a' + i % 26);
+  const size_t lens[] = {0, 5, 125, 126, 65535, 65536, 70000};
+  const size_t heads[] = {6, 6, 6, 8, 8, 14, 14};
+  for (int k = 0; k < 7; k++) {
+    size_t h = ws_frame_head_masked(buf, WS_BINARY, true, lens[k], key);
+    CHECK_EQ(h, heads[k]);
+    CHECK(((unsigned char)buf[1] & 0x80) != 0);
+    memcpy(buf + h, msg, lens[k]);
+    ws_mask(buf + h, lens[k], key);
+    if (lens[k] >= 4) CHECK(memcmp(buf + h, msg, 4) != 0);
+    ws_reader_t r;
+    ws_reader_init(&r, 1 << 20, true);
+    ws_event_t ev;
+    CHECK_EQ(ws_read(&r, buf, h + lens[k], &ev), (long long)(h + lens[k]));
+    CHECK(ev.opcode == WS_BINARY && ev.len == lens[k]);
+    CHECK(lens[k] == 0 || memcmp(ev.data, msg, lens[k]) == 0);
+    ws_reader_deinit(&r);
+  }
+}
+
 int main(void) {
+  test_masked();
   test_accept();
   test_utf8();
   test_heads();

@@ -162,6 +162,18 @@ static void ws__unmask(char *p, size_t n, const unsigned char m[4]) {
   for (; i < n; i++) p[i] ^= (char)m[i & 3];
 }
 
+/* ---- the client's frames (mp.websocket): masked with a key per frame ---- */
+
+size_t ws_frame_head_masked(char out[WS_MAX_HEAD], int opcode, bool fin,
+                            uint64_t len, const unsigned char key[4]) {
+  size_t n = ws_frame_head(out, opcode, fin, len);
+  out[1] = (char)(out[1] | 0x80);
+  memcpy(out + n, key, 4);
+  return n + 4;
+}
+
+void ws_mask(char *p, size_t n, const unsigned char key[4]) { ws__unmask(p, n, key); }
+
 /* Close codes a peer may send (RFC 6455 7.4). */
 static bool ws__code_ok(unsigned code) {
   if (code >= 3000 && code <= 4999) return true;

@@ -47,6 +47,17 @@ bool ws_utf8_valid(const char *p, size_t n);
  * bytes into out; returns its length (2, 4 or 10). */
 size_t ws_frame_head(char out[10], int opcode, bool fin, uint64_t len);
 
+/* ---- the client's side (mp.websocket): its frames are masked ---- */
+
+/* Writes the head of a masked frame (a client's) with `len` payload bytes
+ * and the masking key `key` into out; returns its length (6, 8 or 14).
+ * The caller masks the payload with ws_mask and the same key; the key
+ * must be new and unpredictable for each frame (RFC 6455 5.3). */
+size_t ws_frame_head_masked(char out[WS_MAX_HEAD], int opcode, bool fin,
+                            uint64_t len, const unsigned char key[4]);
+/* XORs p[0..n) with the masking key (masks and unmasks alike). */
+void ws_mask(char *p, size_t n, const unsigned char key[4]);
+
 /* One event out of the reader. */
 typedef struct {
   int opcode;       /* WS_TEXT, WS_BINARY, WS_PING, WS_PONG, WS_CLOSE; 0:

@@ -17,6 +17,7 @@
 #include "lx/lx_task.h"
 #include "lx/lx_timer.h"
 #include "lx/lx_ws.h"
+#include "lx/lx_wsc.h"
 
 /* ---- connections and services (lx_conn.c) ---- */
 
@@ -89,6 +90,8 @@ const lx_module_t lx_modules[] = {
     {.name = "client", .open = lx_client_open, .close = lx_client_lane_free},
     /* mp.fetch: after client (fetch.lua is written over mp.tcp) */
     {.name = "fetch", .open = lx_fetch_open},
+    /* mp.websocket: Lua over mp.connect, nothing of its own to end */
+    {.name = "wsc", .open = lx_wsc_open},
     {.name = "stats", .init = stats_init, .open = lx_stats_open,
      .start = lx_stats_lane_start, .stop = lx_stats_lane_stop},
     {.name = "shared", .open = lx_shared_open},
