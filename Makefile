@@ -184,10 +184,10 @@ FUZZ_CFLAGS  := -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) \
                 -fno-sanitize-recover=undefined
 FUZZ_BINS    := build/fuzz/fuzz_http1 build/fuzz/fuzz_ws build/fuzz/fuzz_http1_response
 
-build/fuzz/fuzz_http1: fuzz/fuzz_http1.c fuzz/fuzz_check.h src/http/http1.c src/http/http1.h
+build/fuzz/fuzz_http1: fuzz/fuzz_http1.c fuzz/fuzz_check.h src/http/http1.c src/http/http1.h src/http/http1_lex.h
 build/fuzz/fuzz_ws: fuzz/fuzz_ws.c fuzz/fuzz_check.h src/http/ws.c src/http/ws.h
 build/fuzz/fuzz_http1_response: fuzz/fuzz_http1_response.c fuzz/fuzz_check.h \
-  src/http/http1_response.c src/http/http1_response.h src/http/http1.c src/http/http1.h
+  src/http/http1_response.c src/http/http1_response.h src/http/http1.c src/http/http1.h src/http/http1_lex.h
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^)
@@ -201,14 +201,14 @@ fuzz-ci: setup fuzz-build
 	@FUZZ_SECONDS=20 bash scripts/run-fuzz
 
 # moonport's request parser against Debian's http_parser on every seed.
-build/fuzz/diff_http1: fuzz/diff_http1.c src/http/http1.c src/http/http1.h
+build/fuzz/diff_http1: fuzz/diff_http1.c src/http/http1.c src/http/http1.h src/http/http1_lex.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) -o $@ \
 	  $(filter %.c,$^) -lhttp_parser
 
 # The response parser against it in HTTP_RESPONSE mode, on its own seeds.
 build/fuzz/diff_http1_response: fuzz/diff_http1_response.c src/http/http1_response.c \
-  src/http/http1_response.h src/http/http1.c src/http/http1.h
+  src/http/http1_response.h src/http/http1.c src/http/http1.h src/http/http1_lex.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) -o $@ \
 	  $(filter %.c,$^) -lhttp_parser

@@ -1,5 +1,6 @@
 /* http1: the HTTP/1.x request parser (RFC 9110, 9112). */
 #include "http/http1.h"
+#include "http/http1_lex.h"
 
 #include <string.h>
 #include <strings.h>
@@ -19,7 +20,7 @@
   ['y'] = 1, ['z'] = 1
 
 /* tchar (RFC 9110 5.6.2): the characters of methods and field names. */
-static const unsigned char http_tchar[256] = {
+const unsigned char http__tchar[256] = {
     ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1,
     ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1,
     ['`'] = 1, ['|'] = 1, ['~'] = 1,
@@ -30,7 +31,7 @@ static inline int http__lower(int c) {
   return c >= 'A' && c <= 'Z' ? c + 32 : c;
 }
 
-static bool http__ieq(const char *a, size_t alen, const char *b) {
+bool http__ieq(const char *a, size_t alen, const char *b) {
   size_t blen = strlen(b);
   if (alen != blen) return false;
   for (size_t i = 0; i < alen; i++)
@@ -114,7 +115,7 @@ static inline __attribute__((always_inline)) int
 http__request_line(const char *s, size_t n, http_request_t *req) {
   size_t i = 0;
   unsigned lower = 0;
-  while (i < n && http_tchar[(unsigned char)s[i]]) {
+  while (i < n && http__tchar[(unsigned char)s[i]]) {
     lower |= (unsigned)(s[i] - 'a') < 26u;
     i++;
   }
@@ -145,7 +146,7 @@ http__request_line(const char *s, size_t n, http_request_t *req) {
 }
 
 /* Parses "Content-Length" digits; -1 if malformed or over 2^62. */
-static int64_t http__length(const char *v, size_t n) {
+int64_t http__length(const char *v, size_t n) {
   if (n == 0 || n > 18) return -1;
   int64_t x = 0;
   for (size_t i = 0; i < n; i++) {
@@ -197,7 +198,7 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
     size_t n = end - p;
     if (s[0] == ' ' || s[0] == '\t') return HTTP_BAD; /* obsolete folding */
     size_t c = 0;
-    while (c < n && http_tchar[(unsigned char)s[c]]) c++;
+    while (c < n && http__tchar[(unsigned char)s[c]]) c++;
     if (c == 0 || c >= n || s[c] != ':') return HTTP_BAD;
     size_t v = c + 1, ve = n;
     while (v < ve && (s[v] == ' ' || s[v] == '\t')) v++;

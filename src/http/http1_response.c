@@ -3,42 +3,15 @@
  * request parser is http1.c; the chunked decoder is shared with it. */
 #include "http/http1_response.h"
 
+#include "http/http1.h"
+#include "http/http1_lex.h"
+
 #include <string.h>
-
-/* tchar (RFC 9110 5.6.2): the characters of field names. */
-static const unsigned char res_tchar[256] = {
-    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1,
-    ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1,
-    ['`'] = 1, ['|'] = 1, ['~'] = 1,
-    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1,
-    ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1, ['A'] = 1, ['B'] = 1,
-    ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1,
-    ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1,
-    ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1,
-    ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1,
-    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1,
-    ['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1,
-    ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1,
-    ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
-    ['y'] = 1, ['z'] = 1,
-};
-
-static bool res__ieq(const char *a, size_t alen, const char *b) {
-  size_t blen = strlen(b);
-  if (alen != blen) return false;
-  for (size_t i = 0; i < alen; i++) {
-    int x = (unsigned char)a[i], y = (unsigned char)b[i];
-    if (x >= 'A' && x <= 'Z') x += 32;
-    if (y >= 'A' && y <= 'Z') y += 32;
-    if (x != y) return false;
-  }
-  return true;
-}
 
 const http_header_t *http_response_header(const http_response_t *res,
                                           const char *name) {
   for (int i = 0; i < res->nheaders; i++)
-    if (res__ieq(res->headers[i].name, res->headers[i].name_len, name))
+    if (http__ieq(res->headers[i].name, res->headers[i].name_len, name))
       return &res->headers[i];
   return NULL;
 }
@@ -75,31 +48,6 @@ static int res__status_line(const char *s, size_t n, http_response_t *res) {
   return 0;
 }
 
-/* Content-Length digits; -1 if malformed or 19 digits and more. */
-static int64_t res__length(const char *v, size_t n) {
-  if (n == 0 || n > 18) return -1;
-  int64_t x = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (v[i] < '0' || v[i] > '9') return -1;
-    x = x * 10 + (v[i] - '0');
-  }
-  return x;
-}
-
-/* Whether a comma-separated value lists `token` (case-insensitive). */
-static bool res__list_has(const char *v, size_t len, const char *token) {
-  size_t i = 0;
-  while (i < len) {
-    while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) i++;
-    size_t start = i;
-    while (i < len && v[i] != ',') i++;
-    size_t end = i;
-    while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t')) end--;
-    if (end > start && res__ieq(v + start, end - start, token)) return true;
-  }
-  return false;
-}
-
 /* The transfer codings of every Transfer-Encoding field, in order: how
  * many, how many are chunked, whether the last one seen is. */
 typedef struct {
@@ -116,7 +64,7 @@ static void res__te_add(res_te_t *te, const char *v, size_t len) {
     size_t end = i;
     while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t')) end--;
     if (end == start) continue;
-    bool ch = res__ieq(v + start, end - start, "chunked");
+    bool ch = http__ieq(v + start, end - start, "chunked");
     te->n++;
     te->chunked += ch;
     te->last_chunked = ch;
@@ -151,7 +99,7 @@ int http_parse_response(const char *buf, size_t len, size_t max_head,
     size_t n = ce - p;
     if (s[0] == ' ' || s[0] == '\t') return HTTP_RES_BAD; /* obs-fold */
     size_t c = 0;
-    while (c < n && res_tchar[(unsigned char)s[c]]) c++;
+    while (c < n && http__tchar[(unsigned char)s[c]]) c++;
     if (c == 0 || c >= n || s[c] != ':') return HTTP_RES_BAD;
     size_t v = c + 1, ve = n;
     while (v < ve && (s[v] == ' ' || s[v] == '\t')) v++;
@@ -164,17 +112,17 @@ int http_parse_response(const char *buf, size_t len, size_t max_head,
     h->value = s + v;
     h->value_len = (uint32_t)(ve - v);
     /* The fields the framing depends on. */
-    if (res__ieq(s, c, "content-length")) {
-      int64_t cl = res__length(h->value, h->value_len);
+    if (http__ieq(s, c, "content-length")) {
+      int64_t cl = http__length(h->value, h->value_len);
       if (cl < 0 || (cl_seen && cl != res->content_length)) return HTTP_RES_BAD;
       res->content_length = cl;
       cl_seen = true;
-    } else if (res__ieq(s, c, "transfer-encoding")) {
+    } else if (http__ieq(s, c, "transfer-encoding")) {
       te_seen = true;
       res__te_add(&te, h->value, h->value_len);
-    } else if (res__ieq(s, c, "connection")) {
-      conn_close |= res__list_has(h->value, h->value_len, "close");
-      conn_keep |= res__list_has(h->value, h->value_len, "keep-alive");
+    } else if (http__ieq(s, c, "connection")) {
+      conn_close |= http_list_has(h->value, h->value_len, "close");
+      conn_keep |= http_list_has(h->value, h->value_len, "keep-alive");
     }
     p = e + 1;
   }
