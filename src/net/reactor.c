@@ -143,6 +143,10 @@ struct reactor {
   bool local_pushed; /* reactor_defer was called since the last run */
   bool stopping, stop_hook_done;
   bool draining;
+  /* reactor_drain was called (any thread): a keep-alive answer already
+   * says Connection: close before the loop gets to the posted drain, which
+   * an event in the same epoll batch would otherwise beat */
+  _Atomic bool drain_asked;
   uint64_t drain_deadline;
   _Atomic uint64_t drain_grace;
   uint64_t deadline;
@@ -1104,12 +1108,15 @@ static void reactor__begin_drain(void *a, void *b) {
   }
 }
 
-bool reactor_draining(const reactor_t *r) { return r->draining; }
+bool reactor_draining(const reactor_t *r) {
+  return r->draining || atomic_load_explicit(&r->drain_asked, memory_order_relaxed);
+}
 
 void reactor_set_stats(reactor_t *r, stats_slot_t *slot) { r->stats = slot; }
 
 void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms) {
   r->drain_grace = grace_ms; /* read on the loop thread after the post */
+  atomic_store_explicit(&r->drain_asked, true, memory_order_relaxed);
   reactor_post(r, reactor__begin_drain, r, (void *)(uintptr_t)drain_ms);
 }
 

@@ -111,7 +111,8 @@ bool reactor_stopping(const reactor_t *r);
  * the last is gone, or after drain_ms, shuts down as reactor_shutdown does
  * with grace_ms. Any thread. */
 void reactor_drain(reactor_t *r, uint64_t drain_ms, uint64_t grace_ms);
-/* Whether a drain has begun (reactor thread). A protocol with keep-alive
+/* Whether a drain has begun, or reactor_drain has been called (reactor
+ * thread). A protocol with keep-alive
  * lets its next answer close the connection, so the client reconnects to
  * a server that accepts rather than having an idle connection closed
  * under a request it is sending. */
