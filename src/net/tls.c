@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/log.h"
 
@@ -58,15 +59,24 @@ int net_tls_global_init(void) {
   return tls_init_rc;
 }
 
-/* The first error on OpenSSL's queue as "reason" (cleared after). */
+/* The most telling error on OpenSSL's queue as "what: reason": the first
+ * that is not a library's generic "PEM lib" / "system lib" wrapper. The
+ * queue is cleared after. */
 static void tls__errstr(char *out, size_t len, const char *what) {
-  unsigned long e = ERR_get_error();
-  const char *r = e ? ERR_reason_error_string(e) : NULL;
-  if (r)
-    snprintf(out, len, "%s: %s", what, r);
+  const char *pick = NULL, *last = NULL;
+  unsigned long e;
+  while ((e = ERR_get_error()) != 0) {
+    const char *r = ERR_reason_error_string(e);
+    if (!r) continue;
+    last = r;
+    if (!pick && strcmp(r, "PEM lib") != 0 && strcmp(r, "system lib") != 0)
+      pick = r;
+  }
+  if (!pick) pick = last;
+  if (pick)
+    snprintf(out, len, "%s: %s", what, pick);
   else
     snprintf(out, len, "%s", what);
-  ERR_clear_error();
 }
 
 /* ---- contexts ---- */
@@ -200,6 +210,16 @@ static SSL_CTX *tls__server_one(const net_tls_cert_t *ct, net_tls_ctx_t *c,
     return NULL;
   }
   char what[300];
+  const char *files[] = {ct->cert, ct->key, ct->chain};
+  const char *kinds[] = {"certificate", "key", "chain"};
+  for (int i = 0; i < 3; i++) { /* a missing file says so plainly */
+    if (files[i] && access(files[i], R_OK) != 0) {
+      snprintf(err, errlen, "tls: %s %s: %s", kinds[i], files[i],
+               strerror(errno));
+      SSL_CTX_free(ctx);
+      return NULL;
+    }
+  }
   if (SSL_CTX_use_certificate_chain_file(ctx, ct->cert) != 1) {
     snprintf(what, sizeof(what), "tls: certificate %s", ct->cert);
     goto fail;
