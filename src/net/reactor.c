@@ -993,8 +993,10 @@ static void conn__tls_read(conn_t *c) {
       if (n <= 0) break;
       got += (size_t)n;
     }
-    if (c->tls_out.head && !(c->flags & F_DEAD)) {
-      /* the handshake's messages, a ticket, an alert */
+    if (c->tls_out.head && !net_uring_queued(&c->io) &&
+        !(c->flags & F_DEAD)) {
+      /* the handshake's messages, a ticket, an alert (an answer on the
+       * batch list stays there) */
       conn__tls_flush(c);
       if (c->flags & F_DEAD) return;
     }
