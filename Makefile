@@ -96,6 +96,8 @@ test-unit: $(UNIT)
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
 	@echo "== $(OUT)/unit/test_reactor, with MOONPORT_IO_URING=0 (direct reads and writes)"
 	@MOONPORT_IO_URING=0 $(OUT)/unit/test_reactor
+	@echo "== $(OUT)/unit/test_tls, with MOONPORT_IO_URING=0"
+	@MOONPORT_IO_URING=0 $(OUT)/unit/test_tls
 
 # The specs of the plain socket and HTTP paths with MOONPORT_IO_URING=0: the
 # reactor's direct-call path, used where io_uring is unavailable.
