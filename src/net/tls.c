@@ -20,7 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/log.h"
 
 /* ---- the process: OpenSSL, the ticket secret, our BIO type ---- */
 
