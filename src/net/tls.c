@@ -114,8 +114,8 @@ static void tls__derive(const char *label, uint64_t period,
 }
 
 /* Session tickets: encrypted with this period's key, taken with this
- * period's or the last one's (and then renewed). The key name says which
- * period made it. */
+ * period's or the last one's, and every resumption gets a new one. The key
+ * name says which period made it. */
 static int tls__ticket_cb(SSL *s, unsigned char key_name[16],
                           unsigned char *iv, EVP_CIPHER_CTX *cctx,
                           EVP_MAC_CTX *hctx, int enc) {
@@ -149,7 +149,9 @@ static int tls__ticket_cb(SSL *s, unsigned char key_name[16],
     return -1;
   }
   if (EVP_MAC_CTX_set_params(hctx, params) != 1) return -1;
-  return enc || period == now ? 1 : 2; /* 2: take it, and send a new one */
+  /* 2 on a decrypt: take it, and send a fresh ticket, so a client that
+   * resumed can resume again (TLS 1.3 clients use a ticket once) */
+  return enc ? 1 : 2;
 }
 
 /* SNI: a name a certificate lists switches the connection to it; any
