@@ -44,6 +44,7 @@ return function(mp)
       local ct = tonumber(opts.connect_timeout) or 10
       local addrs, err = resolve(opts.host, { timeout = ct > 0 and ct * 1000 or 0 })
       opts = copy(opts)
+      opts._name = opts.host -- what TLS sends as SNI and verifies
       if addrs then
         opts.host = addrs[1]
       else
