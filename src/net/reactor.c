@@ -900,7 +900,9 @@ static int conn__tls_write(conn_t *c, const char *p, size_t len,
         c->tls_out.bytes + len <= NET_URING_SEND_MAX &&
         (net_uring_queued(&c->io) || !c->tls_out.head)) {
       if (net_tls_write(c->tls, p, len)) goto broken;
-      net_uring_send_later(r->uring, &c->io);
+      /* (a second small write of the iteration joins the records already
+       * on the batch: io must not be put on the list twice) */
+      if (!net_uring_queued(&c->io)) net_uring_send_later(r->uring, &c->io);
       if (release) release(ctx, ctx2);
       return 0;
     }
