@@ -62,7 +62,13 @@ return function(mp)
       if not pre then pre, host, post = url:match("^(rediss?://)([^:/%[%]@]+)(.*)$") end
       if host and is_name(host) then
         local addrs = resolve(host, { family = 4 }) -- a URL takes IPv4 as is
-        if addrs then url = pre .. addrs[1] .. post end
+        if addrs then
+          url = pre .. addrs[1] .. post
+          -- rediss: the name, not the address, is what TLS verifies
+          if pre:match("^rediss:") and not post:match("[?&]sni=") then
+            url = url .. (post:find("?", 1, true) and "&" or "?") .. "sni=" .. host
+          end
+        end
       end
     end
     return redis(url, ...)
