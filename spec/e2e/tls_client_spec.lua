@@ -225,4 +225,115 @@ describe("TLS clients", function()
       assert.equal("open", r.result)
     end)
   end)
+
+  describe("rediss://", function()
+    local rport, redis
+    local function redis_argv()
+      return { "/usr/bin/redis-server", "--port", "0", "--tls-port", tostring(rport),
+        "--bind", "127.0.0.1", "--tls-cert-file", dir .. "/srv.pem", "--tls-key-file", dir .. "/srv.key",
+        "--tls-ca-cert-file", dir .. "/ca.pem", "--tls-auth-clients", "no", "--save", "",
+        "--appendonly", "no", "--dir", dir, "--loglevel", "warning" }
+    end
+    -- redis-cli over TLS: its answer (first line)
+    local function cli(...)
+      local args = { "redis-cli", "--tls", "--cacert", dir .. "/ca.pem", "-h", "127.0.0.1", "-p", tostring(rport) }
+      for _, a in ipairs { ... } do args[#args + 1] = "'" .. a .. "'" end
+      local f = io.popen(table.concat(args, " ") .. " 2>&1")
+      local out = f:read("*a")
+      f:close()
+      return (out:gsub("\n$", ""))
+    end
+    local function start_redis()
+      redis = H.spawn(redis_argv())
+      H.wait_for(function()
+        if not redis:alive() then error("redis-server exited: " .. redis:describe(), 0) end
+        return cli("PING") == "PONG"
+      end, H.T(10), "redis-server with TLS")
+    end
+    local function url(q) return "rediss://127.0.0.1:" .. rport .. "/" .. (q or "?ca=" .. dir .. "/ca.pem") end
+
+    before_each(function()
+      if not redis or not redis:alive() then
+        rport = rport or H.free_port()
+        start_redis()
+      end
+    end)
+
+    it("mp.redis: PING, SET, GET over TLS (the value seen by redis-cli too)", function()
+      local v = "v" .. math.random(1e9)
+      local r = run("redis", { url = url(), value = v })
+      assert.same({ { "PONG" }, { "OK" }, { v }, true }, { r.ping, r.set, r.get, r.connected }, cjson.encode(r))
+      assert.equal(v, cli("GET", "tls:key"))
+      -- by name: the name (not the address it resolves to) is verified
+      r = run("redis", { url = "rediss://localhost:" .. rport .. "?ca=" .. dir .. "/ca.pem", value = v .. "2" })
+      assert.same({ "OK" }, r.set, cjson.encode(r))
+      assert.equal(v .. "2", cli("GET", "tls:key"))
+      -- verify=0 against the system store's refusal
+      r = run("redis", { url = url("?verify=0"), value = v .. "3" })
+      assert.same({ "PONG" }, r.ping, cjson.encode(r))
+    end)
+
+    it("mp.redis: verification failures name the reason", function()
+      local r = run("redis", { url = url("?ca=" .. dir .. "/ca.pem&sni=wrong.test"), value = "x" })
+      assert.same({ cjson.null, "connection lost: certificate verify failed: hostname mismatch" },
+                  r.ping, cjson.encode(r))
+      assert.same({ cjson.null, "not connected" }, r.set) -- until a retry connects
+      r = run("redis", { url = url("?ca=" .. dir .. "/other.pem"), value = "x" })
+      assert.truthy(r.ping[2]:match("^connection lost: certificate verify failed"), r.ping[2])
+      r = run("redis", { url = url(""), value = "x" }) -- the system's store
+      assert.truthy(r.ping[2]:match("^connection lost: certificate verify failed"), r.ping[2])
+      assert.equal(false, r.connected)
+      -- a bad URL or a file that doesn't load raises at once
+      local c = H.connect(port)
+      H.send(c, "GET /run?case=redis&url=" .. esc(url("?ca=" .. dir .. "/nope.pem")) ..
+                " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      local data = H.read_to_eof(c, H.T(10))
+      c:close()
+      assert.truthy(data:match("^HTTP/1%.1 500"), data)
+    end)
+
+    it("--redis rediss://: pub/sub between two servers, redis-cli's publishes, and a Redis restart", function()
+      local function node()
+        local p = H.free_port()
+        local srv = H.start("pubsub_node.lua", { args = { p, "a:-:news" }, wait_port = p, threads = 1,
+          options = { "--redis", url() } })
+        H.wait_for(function() return #srv:stdout_lines("^ready ") >= 1 end, H.T(10),
+                   function() return "ready: " .. srv:describe() end)
+        return srv, p
+      end
+      local s1, p1 = node()
+      local s2 = node()
+      -- both subscribed in Redis
+      H.wait_for(function() return cli("PUBSUB", "NUMSUB", "news"):match("news\n(%d+)") == "2" end,
+                 H.T(10), "two subscribers of news")
+      local function delivered(srv, msg)
+        return #srv:stdout_lines("^S a .* ch=news msg=" .. msg:gsub("%-", "%%-") .. "$") == 1
+      end
+      local c = H.connect(p1)
+      H.send(c, "pub - news hello-over-tls\n")
+      assert.equal("ok pub", H.read_line(c))
+      H.wait_for(function() return delivered(s1, "hello-over-tls") and delivered(s2, "hello-over-tls") end,
+                 H.T(10), function() return s1:stdout() .. s2:stdout() end)
+      assert.equal("2", cli("PUBLISH", "news", "from-cli"))
+      H.wait_for(function() return delivered(s1, "from-cli") and delivered(s2, "from-cli") end,
+                 H.T(10), function() return s1:stdout() .. s2:stdout() end)
+      -- Redis goes away and comes back: both reconnect and subscribe again
+      redis:kill(H.SIGKILL)
+      H.wait_for(function() return not redis:alive() end, H.T(5), "redis-server to die")
+      start_redis()
+      H.wait_for(function() return cli("PUBSUB", "NUMSUB", "news"):match("news\n(%d+)") == "2" end,
+                 H.T(15), function() return "resubscribed: " .. s1:stderr() end)
+      H.send(c, "pub - news after-restart\n")
+      assert.equal("ok pub", H.read_line(c))
+      H.wait_for(function() return delivered(s1, "after-restart") and delivered(s2, "after-restart") end,
+                 H.T(10), function() return s1:stdout() .. s2:stdout() end)
+      c:close()
+      -- the restart was logged with its reason; a clean stop adds no error
+      local lost = H.count_lines(s1:stderr(), "lost the connection to")
+      assert.truthy(lost >= 1, s1:stderr())
+      assert.equal(0, s1:stop())
+      assert.equal(0, s2:stop())
+      assert.equal(lost, H.count_lines(s1:stderr(), "lost the connection to"), s1:stderr())
+    end)
+  end)
 end)

@@ -519,11 +519,20 @@ redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
   return l;
 }
 
-redisAsyncContext *redis_link_ctx(redis_link_t *l) {
-  return l->up ? l->ac : NULL;
+/* A context hiredis is tearing down (its NULL replies run Lua, which may
+ * send again at once) refuses commands: it is not offered. */
+static redisAsyncContext *redis__usable(redisAsyncContext *ac) {
+  return ac && !(ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING)) ? ac
+                                                                      : NULL;
 }
 
-redisAsyncContext *redis_link_ctx_any(redis_link_t *l) { return l->ac; }
+redisAsyncContext *redis_link_ctx(redis_link_t *l) {
+  return l->up ? redis__usable(l->ac) : NULL;
+}
+
+redisAsyncContext *redis_link_ctx_any(redis_link_t *l) {
+  return redis__usable(l->ac);
+}
 
 bool redis_link_connect_timed_out(const redisAsyncContext *ac) {
   const redis_link_t *l = ac ? ac->ev.data : NULL;
