@@ -293,7 +293,7 @@ describe("TLS clients", function()
     end)
 
     it("--redis rediss://: pub/sub between two servers, redis-cli's publishes, and a Redis restart", function()
-      local function node()
+      local function start_node()
         local p = H.free_port()
         local srv = H.start("pubsub_node.lua", { args = { p, "a:-:news" }, wait_port = p, threads = 1,
           options = { "--redis", url() } })
@@ -301,8 +301,8 @@ describe("TLS clients", function()
                    function() return "ready: " .. srv:describe() end)
         return srv, p
       end
-      local s1, p1 = node()
-      local s2 = node()
+      local s1, p1 = start_node()
+      local s2 = start_node()
       -- both subscribed in Redis
       H.wait_for(function() return cli("PUBSUB", "NUMSUB", "news"):match("news\n(%d+)") == "2" end,
                  H.T(10), "two subscribers of news")
