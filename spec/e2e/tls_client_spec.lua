@@ -119,6 +119,15 @@ describe("TLS clients", function()
       assert.truthy(r.err and r.err:match("hostname mismatch"), r.err)
     end)
 
+    it("a handshake that stalls ends at the connect timeout", function()
+      local t0 = H.now()
+      local r = run("tcp_echo", { n = 5, tls = "ca", port = ports.silent, timeout = 500 })
+      assert.equal("timeout", r.err)
+      assert.truthy(H.now() - t0 < H.T(3))
+      r = run("connect", { tls = "ca", port = ports.silent, ct = 0.5 })
+      assert.same({ "fail timeout" }, r.events)
+    end)
+
     it("pools a TLS connection only for the same settings and name, never for a plain socket", function()
       local r = run("pool")
       assert.same({
@@ -271,6 +280,13 @@ describe("TLS clients", function()
       -- verify=0 against the system store's refusal
       r = run("redis", { url = url("?verify=0"), value = v .. "3" })
       assert.same({ "PONG" }, r.ping, cjson.encode(r))
+    end)
+
+    it("mp.redis: 3 MB there and back, and 2000 commands in flight at once", function()
+      local r = run("redis_big", { url = url(), n = 3000000, m = 2000 })
+      assert.same({ { "OK" }, true, 3000000, 2000, 0 }, { r.set, r.same, r.n, r.pipelined, r.bad },
+                  cjson.encode(r))
+      assert.equal("3000000", cli("STRLEN", "tls:big"))
     end)
 
     it("mp.redis: verification failures name the reason", function()
