@@ -438,8 +438,14 @@ static void redis__connect(mp_timer_t *t) {
                          sizeof(err))) {
       redis__failed(l, "cannot connect (TLS) to", err);
       redisAsyncFree(ac);
+      redis_pipe_detach(l->pipe);
+      l->pipe = NULL;
       redis__retry_later(l);
       return;
+    }
+    if (!ac || ac->err) { /* (reported below) */
+      redis_pipe_detach(l->pipe);
+      l->pipe = NULL;
     }
   } else {
     ac = redisAsyncConnect(l->u.host, l->u.port);
