@@ -464,7 +464,7 @@ static void conn__process(conn_t *c) {
     } else if (p & P_SHUTDOWN) {
       p = (p & ~P_SHUTDOWN) | P_SHUTCLOSE;
       if (c->proto->on_shutdown && (c->flags & F_OPEN) &&
-          reactor_conn_is_open(c))
+          !(c->flags & F_HANDSHAKE) && reactor_conn_is_open(c))
         conn__call(c, c->proto->on_shutdown);
     } else if (p & P_SHUTCLOSE) {
       p &= ~P_SHUTCLOSE;
@@ -995,8 +995,10 @@ static void conn__tls_read(conn_t *c) {
       if (n <= 0) break;
       got += (size_t)n;
     }
-    if (c->tls_out.head && !(c->flags & F_DEAD)) {
-      /* the handshake's messages, a ticket, an alert */
+    if (c->tls_out.head && !net_uring_queued(&c->io) &&
+        !(c->flags & F_DEAD)) {
+      /* the handshake's messages, a ticket, an alert (an answer on the
+       * batch list stays there) */
       conn__tls_flush(c);
       if (c->flags & F_DEAD) return;
     }
@@ -1756,7 +1758,9 @@ static void reactor__each_run(void *task, void *reactor) {
   reactor_t *r = reactor;
   for (conn_t *c = r->live, *next; c; c = next) {
     next = c->next;
-    if (c->service == t->service && !(c->flags & F_DEAD)) t->fn(c, t->a);
+    /* (a TLS connection still in its handshake is not the protocol's yet) */
+    if (c->service == t->service && !(c->flags & (F_DEAD | F_HANDSHAKE)))
+      t->fn(c, t->a);
   }
   free(t);
 }

@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-#include "core/log.h"
 
 /* ---- the process: OpenSSL, the ticket secret, our BIO type ---- */
 
@@ -58,15 +58,24 @@ int net_tls_global_init(void) {
   return tls_init_rc;
 }
 
-/* The first error on OpenSSL's queue as "reason" (cleared after). */
+/* The most telling error on OpenSSL's queue as "what: reason": the first
+ * that is not a library's generic "PEM lib" / "system lib" wrapper. The
+ * queue is cleared after. */
 static void tls__errstr(char *out, size_t len, const char *what) {
-  unsigned long e = ERR_get_error();
-  const char *r = e ? ERR_reason_error_string(e) : NULL;
-  if (r)
-    snprintf(out, len, "%s: %s", what, r);
+  const char *pick = NULL, *last = NULL;
+  unsigned long e;
+  while ((e = ERR_get_error()) != 0) {
+    const char *r = ERR_reason_error_string(e);
+    if (!r) continue;
+    last = r;
+    if (!pick && strcmp(r, "PEM lib") != 0 && strcmp(r, "system lib") != 0)
+      pick = r;
+  }
+  if (!pick) pick = last;
+  if (pick)
+    snprintf(out, len, "%s: %s", what, pick);
   else
     snprintf(out, len, "%s", what);
-  ERR_clear_error();
 }
 
 /* ---- contexts ---- */
@@ -188,7 +197,12 @@ static bool tls__common(SSL_CTX *ctx) {
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
   SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION |
                                SSL_OP_CIPHER_SERVER_PREFERENCE);
-  return SSL_CTX_set_cipher_list(ctx, tls_ciphers12) == 1;
+  /* TLS 1.3: AES-128-GCM first (as strong as needed, and a third cheaper
+   * per byte than AES-256 with AES-NI), our order over the client's. */
+  return SSL_CTX_set_cipher_list(ctx, tls_ciphers12) == 1 &&
+         SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:"
+                                       "TLS_CHACHA20_POLY1305_SHA256:"
+                                       "TLS_AES_256_GCM_SHA384") == 1;
 }
 
 static SSL_CTX *tls__server_one(const net_tls_cert_t *ct, net_tls_ctx_t *c,
@@ -200,6 +214,16 @@ static SSL_CTX *tls__server_one(const net_tls_cert_t *ct, net_tls_ctx_t *c,
     return NULL;
   }
   char what[300];
+  const char *files[] = {ct->cert, ct->key, ct->chain};
+  const char *kinds[] = {"certificate", "key", "chain"};
+  for (int i = 0; i < 3; i++) { /* a missing file says so plainly */
+    if (files[i] && access(files[i], R_OK) != 0) {
+      snprintf(err, errlen, "tls: %s %s: %s", kinds[i], files[i],
+               strerror(errno));
+      SSL_CTX_free(ctx);
+      return NULL;
+    }
+  }
   if (SSL_CTX_use_certificate_chain_file(ctx, ct->cert) != 1) {
     snprintf(what, sizeof(what), "tls: certificate %s", ct->cert);
     goto fail;
@@ -569,10 +593,10 @@ ssize_t net_tls_read(net_tls_t *t, char *buf, size_t cap) {
     int rc = SSL_do_handshake(t->ssl);
     if (rc != 1) {
       int e = SSL_get_error(t->ssl, rc);
-      if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-        ERR_clear_error();
+      /* (a want puts nothing on the error queue; every failure clears
+       * it, so it is empty before each call, as SSL_get_error needs) */
+      if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
         return NET_TLS_WANT;
-      }
       tls__fail(t);
       return NET_TLS_FAIL;
     }
@@ -582,14 +606,15 @@ ssize_t net_tls_read(net_tls_t *t, char *buf, size_t cap) {
     t->told_open = true;
     return NET_TLS_OPENED;
   }
+  /* Nothing new and nothing buffered (a partial record counts): a read
+   * would only fail with a want, at the cost of a trip through OpenSSL. */
+  if (t->in_len == 0 && !SSL_has_pending(t->ssl)) return NET_TLS_WANT;
   size_t got = 0;
   int n = SSL_read_ex(t->ssl, buf, cap, &got) ? 1 : 0;
   if (n == 1) return (ssize_t)got;
   int e = SSL_get_error(t->ssl, 0);
-  if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-    ERR_clear_error();
+  if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
     return NET_TLS_WANT;
-  }
   if (e == SSL_ERROR_ZERO_RETURN) {
     t->eof = true;
     return NET_TLS_EOF;
