@@ -16,8 +16,9 @@
  *
  * The pool (cl->idle) holds connections, not sockets: s:setkeepalive
  * moves the connection out of its socket (which then reads as closed)
- * into an entry keyed "host:port" or "unix:path"; mp.tcp takes the newest
- * open entry of its key. An idle entry closes when the idle time passes
+ * into an entry keyed "host:port" or "unix:path" (a TLS connection's key
+ * starts "tls <settings> <name> ": see lx_tcp_new); mp.tcp takes the
+ * newest open entry of its key. An idle entry closes when the idle time passes
  * (the reactor's idle timeout), when the peer closes or sends anything.
  *
  * Lane thread only. */
@@ -720,7 +721,8 @@ static int lx_tcp_new(lua_State *L) {
   const char *path = luaL_optstring(L, 3, NULL);
   if (!path && !host) return luaL_argerror(L, 1, "host and port, or path");
   if (host && (!*host || strlen(host) > DNS_MAX_NAME || !lx__host_ok(host)))
-    return luaL_argerror(L, 1, "a host of 1 to 253 characters");
+    return luaL_argerror(L, 1, "a host of 1 to 253 characters, no blanks "
+                               "or control bytes");
   if (!path && (port < 1 || port > 65535))
     return luaL_argerror(L, 2, "port must be 1 to 65535");
   uint32_t timeout = lx__ms_arg(L, 4, LX_TCP_TIMEOUT_MS);
