@@ -24,7 +24,8 @@ local function make_certs(dir)
   sh(("cd %s && openssl req -x509 %s -keyout ca.key -out ca.pem -days 2 -subj /CN=moonport-test-ca"):format(dir, ec))
   sh(("cd %s && openssl req -x509 %s -keyout other.key -out other.pem -days 2 -subj /CN=other-ca"):format(dir, ec))
   for _, c in ipairs { { "srv", "localhost", "DNS:localhost,IP:127.0.0.1" },
-                       { "wrong", "wrong.test", "DNS:wrong.test" } } do
+                       { "wrong", "wrong.test", "DNS:wrong.test" },
+                       { "client", "moonport-client", "DNS:moonport-client" } } do
     local name, cn, san = c[1], c[2], c[3]
     local f = assert(io.open(dir .. "/" .. name .. ".ext", "w"))
     f:write("subjectAltName=" .. san .. "\n")
@@ -94,6 +95,21 @@ describe("TLS clients", function()
       H.wait_for(function() return H.is_listening(sport) end, H.T(10), "openssl s_server")
       local r = run("tcp_line", { port = sport, tls = "ca", line = "hello moonport" })
       assert.equal("tropnoom olleh", r.line, cjson.encode(r))
+    end)
+
+    it("sends a client certificate (cert, key) to a server that asks for one", function()
+      local sport = H.free_port()
+      H.spawn({ "/usr/bin/openssl", "s_server", "-quiet", "-rev", "-accept", "127.0.0.1:" .. sport,
+                "-cert", dir .. "/srv.pem", "-key", dir .. "/srv.key",
+                "-Verify", "1", "-verify_return_error", "-CAfile", dir .. "/ca.pem" })
+      H.wait_for(function() return H.is_listening(sport) end, H.T(10), "openssl s_server -Verify")
+      local r = run("tcp_line", { port = sport, tls = "client", line = "with a certificate" })
+      assert.equal("etacifitrec a htiw", r.line, cjson.encode(r))
+      -- without one: the server refuses (in TLS 1.3 after the client's
+      -- handshake, so the read fails with the server's alert)
+      r = run("tcp_line", { port = sport, tls = "ca", line = "without" })
+      assert.is_nil(r.line)
+      assert.truthy(r.err and r.err:match("certificate required"), cjson.encode(r))
     end)
 
     it("fails verification with nil, err naming the reason", function()
