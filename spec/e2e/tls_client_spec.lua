@@ -65,7 +65,7 @@ describe("TLS clients", function()
     node = H.spawn({ JS.node, JS.dir .. "/https_peer.js", dir .. "/srv.pem", dir .. "/srv.key" })
     nport = cjson.decode(node:wait_stdout("{[^\n]*}", H.T(10))).port
     port = H.free_port()
-    app = H.start("tls_client_app.lua", { args = { port, dir }, wait_port = port, threads = 1 })
+    app = H.start("tls_client_app.lua", { args = { port, dir }, wait_port = port })
     ports = get(port, "/ports")
   end)
   teardown(function()
