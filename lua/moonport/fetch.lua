@@ -9,8 +9,10 @@
 -- The response head is parsed in C (core.fetch.parse over
 -- src/http/http1_response.c: the framing rules live there); the body
 -- framing (Content-Length, chunked, close-delimited), redirects and the
--- retry of a dead pooled connection are here. The transport is mp.tcp:
--- https:// plugs in at the connect once TLS exists.
+-- retry of a dead pooled connection are here. The transport is mp.tcp;
+-- an https:// URL is the same exchange over mp.tcp's TLS (the URL's host
+-- sent as SNI and verified, against the system store unless opts.tls
+-- says otherwise).
 local core = require("moonport.core")
 local tcp = require("moonport.tcp")
 local url = require("moonport.url")
@@ -229,7 +231,7 @@ local function exchange(u, method, head, body, o, deadline)
     if attempt == 2 then fresh = false end
     local s, err = tcp { host = u.host, port = u.port, timeout = ceil(left),
       max_buffer = o.max_header, max_line = min(o.max_header, 4096),
-      pool = fresh }
+      pool = fresh, tls = u.scheme == "https" and o.tls or nil }
     if not s then return nil, err end
     local reused = s:getreusedtimes() > 0
     local ok
@@ -304,6 +306,14 @@ local function check_opts(o)
   if o.body ~= nil and bt ~= "string" and bt ~= "function" then
     error("mp.fetch: body must be a string or a function returning pieces", 3)
   end
+  if o.tls ~= nil then
+    if type(o.tls) ~= "table" then
+      error("mp.fetch: tls must be a table { verify =, ca =, cert =, key = }", 3)
+    end
+    if o.tls.sni ~= nil then
+      error("mp.fetch: tls.sni can't be set: the name verified is each URL's host", 3)
+    end
+  end
   return o
 end
 
@@ -317,6 +327,7 @@ return function(target, opts)
     keepalive = o.keepalive,
     stream = o.stream and true or false,
     timeout = o.timeout or TIMEOUT,
+    tls = o.tls or true, -- for https:// URLs (true: the system's store)
   }
   local follow = o.follow
   if follow == true then follow = MAX_FOLLOW elseif not follow then follow = 0 end
@@ -354,8 +365,9 @@ return function(target, opts)
     local nxt, nerr = url.resolve(target, loc)
     if not nxt then return nil, nerr end
     local nu = url.parse(nxt)
-    if headers and (not nu or nu.authority ~= u.authority) then
-      -- Credentials stay with the host they were meant for.
+    if headers and (not nu or nu.authority ~= u.authority or nu.scheme ~= u.scheme) then
+      -- Credentials stay with the host (and the scheme: https's are not
+      -- sent in the clear) they were meant for.
       local h2 = {}
       for k, v in pairs(headers) do
         local lk = lower(k)

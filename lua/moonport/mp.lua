@@ -44,6 +44,7 @@ return function(mp)
       local ct = tonumber(opts.connect_timeout) or 10
       local addrs, err = resolve(opts.host, { timeout = ct > 0 and ct * 1000 or 0 })
       opts = copy(opts)
+      opts._name = opts.host -- what TLS sends as SNI and verifies
       if addrs then
         opts.host = addrs[1]
       else
@@ -61,7 +62,13 @@ return function(mp)
       if not pre then pre, host, post = url:match("^(rediss?://)([^:/%[%]@]+)(.*)$") end
       if host and is_name(host) then
         local addrs = resolve(host, { family = 4 }) -- a URL takes IPv4 as is
-        if addrs then url = pre .. addrs[1] .. post end
+        if addrs then
+          url = pre .. addrs[1] .. post
+          -- rediss: the name, not the address, is what TLS verifies
+          if pre:match("^rediss:") and not post:match("[?&]sni=") then
+            url = url .. (post:find("?", 1, true) and "&" or "?") .. "sni=" .. host
+          end
+        end
       end
     end
     return redis(url, ...)

@@ -27,6 +27,7 @@ local methods = {
   close = C.close,
   peer = C.peer, -- server sockets (mp.listen { on_connect = }): ip, port
   uid = C.uid,
+  tls = C.tls, -- { protocol =, cipher =, sni =, alpn =, resumed = } or nil
 }
 
 local function read(self, mode, arg, incl)
@@ -86,7 +87,8 @@ local function opt_num(v, what)
 end
 
 -- mp.tcp { host =, port = | path =, timeout =, max_buffer =, max_line =,
---          pool = false (connect anew, never take from the pool) }
+--          pool = false (connect anew, never take from the pool),
+--          tls = true | { verify =, ca =, sni =, cert =, key = } }
 -- or mp.tcp(host, port [, opts]).
 return function(a, b, c)
   local o
@@ -95,15 +97,18 @@ return function(a, b, c)
   elseif type(a) == "string" then
     o = type(c) == "table" and c or {}
     o = { host = a, port = b, timeout = o.timeout, max_buffer = o.max_buffer,
-          max_line = o.max_line, pool = o.pool }
+          max_line = o.max_line, pool = o.pool, tls = o.tls }
   else
     error("mp.tcp: expects { host =, port = } or { path = }, or host, port", 2)
   end
-  local host, path = o.host, o.path
+  local host, path, tls = o.host, o.path, o.tls
+  if tls ~= nil and type(tls) ~= "boolean" and type(tls) ~= "table" then
+    error("mp.tcp: tls must be true or a table { verify =, ca =, sni =, cert =, key = }", 2)
+  end
   if path ~= nil and type(path) ~= "string" then error("mp.tcp: path must be a string", 2) end
   if host ~= nil and type(host) ~= "string" then error("mp.tcp: host must be a string", 2) end
   local s, ready = new(host, opt_num(o.port, "port"), path, opt_num(o.timeout, "timeout"),
-    opt_num(o.max_buffer, "max_buffer"), opt_num(o.max_line, "max_line"), o.pool == false)
+    opt_num(o.max_buffer, "max_buffer"), opt_num(o.max_line, "max_line"), o.pool == false, tls)
   if ready then return s end
   local ok, err = yield(TOKEN, arm_connect, s)
   if not ok then return nil, err end

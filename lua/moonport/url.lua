@@ -10,15 +10,16 @@ local M = {}
 local find, sub, lower, byte = string.find, string.sub, string.lower, string.byte
 local tonumber, concat = tonumber, table.concat
 
--- parse(s): { scheme, host, port, target, authority } or nil, err. Only
--- http:// for now: https:// waits for TLS, which plugs in at the connect.
+-- parse(s): { scheme, host, port, target, authority } or nil, err, for
+-- http:// (port 80 by default) and https:// (443; mp.fetch then speaks
+-- TLS through mp.tcp).
 function M.parse(s)
   if type(s) ~= "string" then return nil, "the URL must be a string" end
   local scheme, rest = s:match("^([%a][%w+.-]*)://(.*)$")
   if not scheme then return nil, "bad URL (no scheme://): " .. s end
   scheme = lower(scheme)
-  if scheme == "https" then return nil, "https needs TLS (not yet)" end
-  if scheme ~= "http" then return nil, "unsupported scheme: " .. scheme end
+  if scheme ~= "http" and scheme ~= "https" then return nil, "unsupported scheme: " .. scheme end
+  local dport = scheme == "https" and 443 or 80
   local e = find(rest, "[/?#]")
   local auth = e and sub(rest, 1, e - 1) or rest
   local target = e and sub(rest, e) or ""
@@ -34,7 +35,7 @@ function M.parse(s)
   end
   if host == "" then return nil, "bad URL (no host): " .. s end
   if not host:match("^[%w.%-_:]+$") then return nil, "bad URL (host): " .. s end
-  local pnum = 80
+  local pnum = dport
   if port ~= "" then
     local digits = port:match("^:(%d+)$")
     pnum = digits and #digits <= 5 and tonumber(digits)
@@ -49,7 +50,7 @@ function M.parse(s)
   end
   if find(target, "[%c ]") then return nil, "bad URL (a blank or control byte in the path): " .. s end
   local authority = byte(auth, 1) == 91 and "[" .. host .. "]" or host
-  if pnum ~= 80 then authority = authority .. ":" .. pnum end
+  if pnum ~= dport then authority = authority .. ":" .. pnum end
   return { scheme = scheme, host = host, port = pnum, target = target, authority = authority }
 end
 

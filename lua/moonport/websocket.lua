@@ -299,17 +299,18 @@ end
 
 local FIELDS = { on_open = "function", on_message = "function", on_close = "function",
   on_error = "function", on_pong = "function", protocols = "table", headers = "table",
-  timeout = "number", max_msg = "number", fragment = "number" }
+  timeout = "number", max_msg = "number", fragment = "number", tls = "table" }
 
 local function bad_header(s) return type(s) ~= "string" or find(s, "[\r\n%z]") ~= nil end
 
--- url -> host, port, target; or nil, err
+-- url -> host, port, target, Host header, tls; or nil, err
 local function parse_url(url)
   local scheme, rest = match(url, "^(%a[%w+.-]*)://(.*)$")
   if not scheme then return nil, "mp.websocket: bad url " .. url end
   scheme = lower(scheme)
-  if scheme == "wss" then return nil, "wss needs TLS (not yet)" end
-  if scheme ~= "ws" then return nil, "mp.websocket: url must be ws:// (got " .. scheme .. "://)" end
+  if scheme ~= "ws" and scheme ~= "wss" then
+    return nil, "mp.websocket: url must be ws:// or wss:// (got " .. scheme .. "://)"
+  end
   local auth, target = match(rest, "^([^/?#]*)(.*)$")
   target = gsub(target, "#.*$", "")
   if target == "" then target = "/" end
@@ -321,11 +322,12 @@ local function parse_url(url)
     host, port = match(auth, "^([^:]+):?(%d*)$")
   end
   if not host or host == "" then return nil, "mp.websocket: bad host in " .. url end
-  port = port ~= "" and tonumber(port) or 80
+  local tls = scheme == "wss"
+  port = port ~= "" and tonumber(port) or (tls and 443 or 80)
   if port < 1 or port > 65535 then return nil, "mp.websocket: bad port in " .. url end
   if find(target, "[%s%z]") then return nil, "mp.websocket: bad path in " .. url end
   local hosthdr = auth
-  return host, port, target, hosthdr
+  return host, port, target, hosthdr, tls
 end
 
 function M.connect(url, opts)
@@ -347,8 +349,11 @@ function M.connect(url, opts)
   if fragment and (fragment < 1 or fragment % 1 ~= 0) then
     error("mp.websocket: fragment must be a whole number of bytes, at least 1", 2)
   end
-  local host, port, target, hosthdr = parse_url(url)
+  local host, port, target, hosthdr, tls = parse_url(url)
   if not host then return nil, port end
+  -- wss://: TLS, the URL's host sent as SNI and verified (opts.tls: the
+  -- settings of mp.tcp's tls table, verify / ca / sni / cert / key)
+  if tls then tls = opts.tls or true end
 
   local key = core.key()
   local req = { "GET ", target, " HTTP/1.1\r\nHost: ", hosthdr,
@@ -382,7 +387,7 @@ function M.connect(url, opts)
   end
   local m = mp()
   self._conn = m.connect {
-    host = host, port = port, connect_timeout = timeout / 1000,
+    host = host, port = port, connect_timeout = timeout / 1000, tls = tls or nil,
     on_data = function(_, data) on_data(self, data) end,
     on_close = function(_, reason) on_closed(self, reason) end,
     on_fail = function(_, err)

@@ -24,8 +24,15 @@ describe("url.parse", function()
     assert.is_nil(url.parse("http://[127.0.0.1]/"))
   end)
 
-  it("https waits for TLS; other schemes and bad URLs are nil, err", function()
-    assert.same({ nil, "https needs TLS (not yet)" }, { url.parse("https://h/") })
+  it("https: port 443 by default (not in the authority); other schemes and bad URLs are nil, err", function()
+    local hu = url.parse("https://h/x")
+    assert.same({ "https", "h", 443, "/x", "h" }, { hu.scheme, hu.host, hu.port, hu.target, hu.authority })
+    hu = url.parse("HTTPS://h:8443")
+    assert.same({ "https", 8443, "/", "h:8443" }, { hu.scheme, hu.port, hu.target, hu.authority })
+    hu = url.parse("https://h:80/")
+    assert.same({ 80, "h:80" }, { hu.port, hu.authority })
+    hu = url.parse("http://h:443/")
+    assert.same({ 443, "h:443" }, { hu.port, hu.authority })
     assert.truthy(select(2, url.parse("ftp://h/")):match("unsupported scheme"))
     for _, bad in ipairs { "h/x", "http://", "http://:80/", "http://h:0/", "http://h:65536/",
                            "http://h:x/", "http://u@h/", "http://h/a b", "http://h/\r\n" } do

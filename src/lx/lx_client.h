@@ -11,10 +11,20 @@
 
 #include "lx/lx_lane.h"
 #include "net/dns.h"
+#include "net/tls.h"
 
 typedef struct lx_tcp lx_tcp_t;
 typedef struct lx_tcp_idle lx_tcp_idle_t;
 typedef struct lx_wake lx_wake_t;
+
+/* Client TLS contexts a lane made from `tls` tables, by their settings
+ * (verify, ca, cert, key), so each mp.fetch of an https:// URL doesn't load
+ * its trust store again. A few per lane; the oldest goes past the cap. */
+#define LX_CLIENT_TLS_CACHE 8
+typedef struct {
+  char *key;            /* the settings, as in a pool key; NULL: free */
+  net_tls_ctx_t *ctx;   /* a reference */
+} lx_client_tls_t;
 
 typedef struct lx_client {
   lx_lane_t *ln;
@@ -23,6 +33,7 @@ typedef struct lx_client {
   lx_tcp_idle_t *idle;   /* the keep-alive pool, newest first */
   size_t nidle;
   lx_wake_t *wakes;      /* mp.wait calls armed with a timer */
+  lx_client_tls_t tls[LX_CLIENT_TLS_CACHE]; /* [0] the newest */
   bool closing;          /* lx_client_lane_free is running */
 } lx_client_t;
 
@@ -41,6 +52,18 @@ lx_client_t *lx_client_of(lx_lane_t *ln);
 /* The lane's resolver, made on first use (MOONPORT_DNS_SERVERS="ip:port,.."
  * replaces /etc/resolv.conf's servers); NULL with *err a negative errno. */
 dns_resolver_t *lx_client_dns(lx_lane_t *ln, int *err);
+
+/* The client TLS context for the `tls` value at idx of L (true, or a
+ * table: see lx_tls_client), from the lane's cache or made and cached.
+ * Pushes one value: a userdata holding a reference to the context (its
+ * __gc drops it, so a later raise leaks nothing), or nil for nil/false
+ * (then returns NULL). The context returned is borrowed from that
+ * userdata: take a reference (net_tls_ctx_ref) to keep it. *sni gets the
+ * table's sni (or NULL; borrowed from the table); *key the settings'
+ * string (borrowed from the cache until the next call), for pool keys.
+ * Raises on a bad table or a file that doesn't load. */
+net_tls_ctx_t *lx_client_tls(lua_State *L, lx_client_t *cl, int idx,
+                             const char **sni, const char **key);
 
 /* ---- the modules' opens and frees (lx_dns.c, lx_tcp.c, lx_wait.c) ---- */
 void lx_dns_open(lua_State *L, lx_lane_t *ln);

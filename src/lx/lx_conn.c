@@ -395,7 +395,11 @@ static void lx_on_close(conn_t *c, int reason) {
 
 static void lx_on_fail(conn_t *c, int err) {
   char buf[128];
-  lx__last(c, lx__svc(c)->on_fail, "on_fail", lx_errmsg(err, buf, sizeof(buf)));
+  /* A TLS client's handshake names its reason ("certificate verify
+   * failed: ..."), which says more than EPROTO's "protocol error". */
+  const char *tls_err = reactor_conn_tls_error(c);
+  lx__last(c, lx__svc(c)->on_fail, "on_fail",
+           tls_err ? tls_err : lx_errmsg(err, buf, sizeof(buf)));
 }
 
 /* ---- services ---- */

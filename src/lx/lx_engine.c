@@ -135,6 +135,14 @@ int lx_engine_start(lx_server_t *srv, reactor_t *r) {
     log_error("--redis: %s", err);
     return -1;
   }
+  if (u.tls) { /* rediss: a CA or key file that doesn't load stops here */
+    net_tls_ctx_t *t = redis_url_tls(&u, err, sizeof(err));
+    if (!t) {
+      log_error("--redis: %s", err);
+      return -1;
+    }
+    net_tls_ctx_unref(t);
+  }
   srv->engine_r = r;
   srv->engine = redis_engine_new(r, &u, lx__engine_msg, lx__engine_each, srv);
   if (!srv->engine) {
@@ -143,7 +151,8 @@ int lx_engine_start(lx_server_t *srv, reactor_t *r) {
     return -1;
   }
   redis_engine_set_gauge(srv->engine, &srv->engine_held);
-  log_info("pub/sub through Redis at %s:%d", u.host, u.port);
+  log_info("pub/sub through Redis at %s:%d%s", u.host, u.port,
+           u.tls ? " (TLS)" : "");
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "lx/lx_client.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_tls.h"
 #include "lx/lx_embed.h"
@@ -224,13 +225,34 @@ static int lx_connect(lua_State *L) {
   lua_getfield(L, 1, "_fail");
   int fail = (int)lua_tointeger(L, -1);
   lua_pop(L, 1);
+  /* tls = true | {verify=, ca=, sni=, cert=, key=}: read (and raising on
+   * a bad one) before anything is held. The name verified is tls.sni, or
+   * the host name mp.lua looked up (_name), or the host. */
+  lx_client_t *cl = lx_client_of(ln);
+  if (!cl) return luaL_error(L, "out of memory");
+  lua_getfield(L, 1, "tls");
+  lua_getfield(L, 1, "_name");
+  const char *sni = NULL, *tkey = NULL;
+  net_tls_ctx_t *tls = lx_client_tls(L, cl, -2, &sni, &tkey);
+  /* (the context is the box's at -1, on the stack until the return;
+   * the connection takes its own reference) */
+  const char *tls_host = sni                     ? sni
+                         : lua_isstring(L, -2) ? lua_tostring(L, -2)
+                         : path                ? NULL
+                                               : host;
+  if (tls && !tls_host)
+    return luaL_error(L, "mp.connect: tls over a Unix socket needs tls.sni "
+                         "(the name to verify)");
   lx_service_t *svc = lx_service_new(L, ln, 1, true);
   svc->conns = 1;
   int err = fail < 0 ? fail : 0;
+  conn_opts_t opts = svc->opts;
+  opts.tls = tls;
+  opts.tls_host = tls_host;
   conn_t *c = fail < 0 ? NULL
                        : reactor_connect(ln->r, host, (int)port, path,
                                          (uint32_t)(ct * 1000), &svc->proto,
-                                         svc, svc->opts, &err);
+                                         svc, opts, &err);
   if (c) {
     lx_conn_push(L, ln, c);
     return 1;

@@ -197,9 +197,13 @@ static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
     luaL_unref(ln->L, LUA_REGISTRYINDEX, q->fn_ref);
   }
   lx__req_unref(q);
+  const char *tls_err = r ? NULL : redis_link_tls_error(ac);
   if (connect_timeout) {
     lua_pushnil(co);
     lua_pushliteral(co, "connect timeout");
+  } else if (tls_err) { /* rediss: say why, not just "connection lost" */
+    lua_pushnil(co);
+    lua_pushfstring(co, "connection lost: %s", tls_err);
   } else {
     lx__push_reply(co, r, 0);
   }
@@ -465,6 +469,11 @@ static int lx_redis_new(lua_State *L) {
   char err[512];
   if (redis_url_parse(url, &u, err, sizeof(err)))
     return luaL_error(L, "mp.redis: %s", err);
+  if (u.tls) { /* rediss: its files must load (the link loads them again) */
+    net_tls_ctx_t *t = redis_url_tls(&u, err, sizeof(err));
+    if (!t) return luaL_error(L, "mp.redis: %s", err);
+    net_tls_ctx_unref(t);
+  }
   lx_redis_t *rc = lua_newuserdata(L, sizeof(*rc));
   memset(rc, 0, sizeof(*rc));
   rc->ln = ln;

@@ -16,8 +16,9 @@
  *
  * The pool (cl->idle) holds connections, not sockets: s:setkeepalive
  * moves the connection out of its socket (which then reads as closed)
- * into an entry keyed "host:port" or "unix:path"; mp.tcp takes the newest
- * open entry of its key. An idle entry closes when the idle time passes
+ * into an entry keyed "host:port" or "unix:path" (a TLS connection's key
+ * starts "tls <settings> <name> ": see lx_tcp_new); mp.tcp takes the
+ * newest open entry of its key. An idle entry closes when the idle time passes
  * (the reactor's idle timeout), when the peer closes or sends anything.
  *
  * Lane thread only. */
@@ -32,6 +33,7 @@
 #include "lx/lx_client.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_tls.h"
 
 #define LX_TCP_MT "moonport.tcp"
 
@@ -54,11 +56,13 @@ struct lx_tcp {
   lx_client_t *cl; /* NULL once the lane's client state is gone */
   conn_t *c;       /* NULL when not connected */
   int state;
-  char errbuf[96]; /* S_CLOSED: why ("closed", "connection refused", ..) */
+  char errbuf[256]; /* S_CLOSED: why ("closed", "connection refused", ..) */
   char *key;       /* pool key */
   char *host;      /* NULL for a Unix socket */
   char *path;
   int port;
+  net_tls_ctx_t *tls; /* TLS: the context until the connect takes its own */
+  char *tls_host;  /* TLS: the name sent as SNI and verified */
   dns_req_t *dq;   /* the lookup in flight */
   char *buf;       /* unread bytes: buf[off, len) */
   size_t off, len, cap;
@@ -458,8 +462,11 @@ static void lx__gone(conn_t *c, int err, int reason) {
   }
   lx_tcp_t *s = (lx_tcp_t *)kind;
   s->c = NULL;
+  const char *tls_err = reactor_conn_tls_error(c);
   if (s->state != S_CLOSED) {
-    if (err)
+    if (tls_err) /* the handshake's reason, not "protocol error" */
+      lx__set_closed(s, tls_err);
+    else if (err)
       lx__set_closed_err(s, err);
     else
       lx__set_closed(s, reason == CONN_PEER || reason == CONN_LOCAL
@@ -593,13 +600,25 @@ static int lx_tcp_uid(lua_State *L) {
   return 1;
 }
 
+/* s:tls(): {protocol=, cipher=, sni=, alpn=, resumed=} for an encrypted
+ * connection, nil for a plain or closed one. */
+static int lx_tcp_tls(lua_State *L) {
+  lx_tcp_t *s = lx__check(L);
+  return lx_tls_push_info(L, s->c);
+}
+
 /* ---- connecting ---- */
 
 static int lx__connect_to(lx_tcp_t *s, const char *ip, uint32_t ms) {
   int err = 0;
   conn_opts_t o = {0};
+  o.tls = s->tls;
+  o.tls_host = s->tls_host;
   conn_t *c = reactor_connect(s->cl->ln->r, ip, s->port, s->path, ms,
                               &lx_tcp_proto, NULL, o, &err);
+  /* The connection holds its own reference to the context. */
+  net_tls_ctx_unref(s->tls);
+  s->tls = NULL;
   if (!c) return err ? err : -EIO;
   s->c = c;
   reactor_conn_set_udata(c, s);
@@ -683,17 +702,27 @@ static size_t lx__size_arg(lua_State *L, int idx, size_t dflt) {
   return (size_t)n;
 }
 
-/* core.tcp.new(host, port, path, timeout, max_buffer, max_line, fresh): a
- * socket and whether it is connected already (from the pool; never when
- * `fresh`: mp.fetch's retry after a pooled connection turned out dead). */
+/* Whether a host name has no blank or control byte (none resolves, and
+ * pool keys use a blank as a separator). */
+static bool lx__host_ok(const char *h) {
+  for (; *h; h++)
+    if ((unsigned char)*h <= ' ' || *h == 0x7f) return false;
+  return true;
+}
+
+/* core.tcp.new(host, port, path, timeout, max_buffer, max_line, fresh,
+ * tls): a socket and whether it is connected already (from the pool;
+ * never when `fresh`: mp.fetch's retry after a pooled connection turned
+ * out dead). `tls` is nil, true or a table (lx_tls_client). */
 static int lx_tcp_new(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
   const char *host = luaL_optstring(L, 1, NULL);
   lua_Integer port = luaL_optinteger(L, 2, 0);
   const char *path = luaL_optstring(L, 3, NULL);
   if (!path && !host) return luaL_argerror(L, 1, "host and port, or path");
-  if (host && (!*host || strlen(host) > DNS_MAX_NAME))
-    return luaL_argerror(L, 1, "a host of 1 to 253 characters");
+  if (host && (!*host || strlen(host) > DNS_MAX_NAME || !lx__host_ok(host)))
+    return luaL_argerror(L, 1, "a host of 1 to 253 characters, no blanks "
+                               "or control bytes");
   if (!path && (port < 1 || port > 65535))
     return luaL_argerror(L, 2, "port must be 1 to 65535");
   uint32_t timeout = lx__ms_arg(L, 4, LX_TCP_TIMEOUT_MS);
@@ -715,16 +744,32 @@ static int lx_tcp_new(lua_State *L) {
   timer_init(&s->timer);
   luaL_getmetatable(L, LX_TCP_MT);
   lua_setmetatable(L, -2);
-  size_t klen = (path ? strlen(path) : strlen(host)) + 16;
+  /* TLS: the context is the socket's from here (its __gc drops it). The
+   * pool key then names the trust settings and the verified name too, so
+   * a pooled TLS connection never goes to a plain socket, nor to one that
+   * asked for another name or other settings. */
+  const char *sni = NULL, *tkey = NULL;
+  s->tls = lx_client_tls(L, cl, 8, &sni, &tkey);
+  if (s->tls) net_tls_ctx_ref(s->tls); /* the box on the stack goes */
+  lua_pop(L, 1);
+  if (s->tls && path && !sni)
+    return luaL_error(L, "mp.tcp: tls over a Unix socket needs tls.sni "
+                         "(the name to verify)");
+  const char *name = sni ? sni : host;
+  size_t klen = (path ? strlen(path) : strlen(host)) + 16 +
+                (s->tls ? strlen(tkey) + strlen(name) + 8 : 0);
   s->key = malloc(klen);
   s->host = path ? NULL : strdup(host);
   s->path = path ? strdup(path) : NULL;
-  if (!s->key || (!path && !s->host) || (path && !s->path))
+  s->tls_host = s->tls ? strdup(name) : NULL;
+  if (!s->key || (!path && !s->host) || (path && !s->path) ||
+      (s->tls && !s->tls_host))
     return luaL_error(L, "mp.tcp: out of memory");
+  int at = s->tls ? snprintf(s->key, klen, "tls %s %s ", tkey, name) : 0;
   if (path)
-    snprintf(s->key, klen, "unix:%s", path);
+    snprintf(s->key + at, klen - (size_t)at, "unix:%s", path);
   else
-    snprintf(s->key, klen, "%s:%d", host, (int)port);
+    snprintf(s->key + at, klen - (size_t)at, "%s:%d", host, (int)port);
   s->cl = cl;
   s->next = cl->socks;
   if (s->next) s->next->prev = s;
@@ -988,7 +1033,10 @@ static int lx_tcp_gc(lua_State *L) {
   free(s->host);
   free(s->path);
   free(s->pat);
-  s->buf = s->key = s->host = s->path = s->pat = NULL;
+  free(s->tls_host);
+  net_tls_ctx_unref(s->tls);
+  s->tls = NULL;
+  s->buf = s->key = s->host = s->path = s->pat = s->tls_host = NULL;
   return 0;
 }
 
@@ -1046,6 +1094,7 @@ void lx_tcp_open(lua_State *L, lx_lane_t *ln) {
       {"close", lx_tcp_close},
       {"peer", lx_tcp_peer},
       {"uid", lx_tcp_uid},
+      {"tls", lx_tcp_tls},
       {NULL, NULL}};
   for (const luaL_Reg *r = plain; r->name; r++) {
     lua_pushcfunction(L, r->func);

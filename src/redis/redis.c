@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "net/poll.h"
+#include "redis/redis_pipe.h"
 
 /* ---- URLs ---- */
 
@@ -40,16 +41,82 @@ static bool redis__unescape(const char *s, size_t n, char *out, size_t cap) {
   return true;
 }
 
+/* rediss:// query parameters: verify=0|1 (also false/true, no/yes),
+ * ca=, cert=, key=, sni= (%-decoded). */
+static int redis__query(const char *q, redis_url_t *u, char *err,
+                        size_t errlen) {
+  while (*q) {
+    size_t n = strcspn(q, "&");
+    const char *eq = memchr(q, '=', n);
+    if (!eq) {
+      snprintf(err, errlen, "bad query parameter in the Redis URL: %.*s",
+               (int)n, q);
+      return -1;
+    }
+    size_t klen = (size_t)(eq - q);
+    const char *v = eq + 1;
+    size_t vlen = n - klen - 1;
+    char *dst = NULL;
+    size_t cap = 0;
+    char vb[16];
+    if (klen == 2 && !memcmp(q, "ca", 2)) {
+      dst = u->ca, cap = sizeof(u->ca);
+    } else if (klen == 4 && !memcmp(q, "cert", 4)) {
+      dst = u->cert, cap = sizeof(u->cert);
+    } else if (klen == 3 && !memcmp(q, "key", 3)) {
+      dst = u->key, cap = sizeof(u->key);
+    } else if (klen == 3 && !memcmp(q, "sni", 3)) {
+      dst = u->sni, cap = sizeof(u->sni);
+    } else if (klen == 6 && !memcmp(q, "verify", 6)) {
+      dst = vb, cap = sizeof(vb);
+    } else {
+      snprintf(err, errlen, "unknown query parameter in the Redis URL: %.*s",
+               (int)klen, q);
+      return -1;
+    }
+    if (!redis__unescape(v, vlen, dst, cap)) {
+      snprintf(err, errlen, "bad or too long value of %.*s in the Redis URL",
+               (int)klen, q);
+      return -1;
+    }
+    if (dst == vb) {
+      if (!strcmp(vb, "0") || !strcmp(vb, "false") || !strcmp(vb, "no"))
+        u->verify = false;
+      else if (!strcmp(vb, "1") || !strcmp(vb, "true") || !strcmp(vb, "yes"))
+        u->verify = true;
+      else {
+        snprintf(err, errlen, "verify= takes 0 or 1 in the Redis URL");
+        return -1;
+      }
+    }
+    q += n;
+    if (*q == '&') q++;
+  }
+  if (!u->cert[0] != !u->key[0]) {
+    snprintf(err, errlen, "cert= and key= go together in the Redis URL");
+    return -1;
+  }
+  return 0;
+}
+
 int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen) {
   memset(u, 0, sizeof(*u));
   u->port = 6379;
+  u->verify = true;
   const char *p = s;
-  if (strncmp(p, "redis://", 8) != 0) {
+  if (strncmp(p, "rediss://", 9) == 0) {
+    u->tls = true;
+    p += 9;
+  } else if (strncmp(p, "redis://", 8) == 0) {
+    p += 8;
+  } else {
     snprintf(err, errlen, "'%s' is not a redis:// URL", s);
     return -1;
   }
-  p += 8;
-  const char *at = strrchr(p, '@');
+  /* rediss: the query is TLS's, and may hold an '@' (in a file name); a
+   * password with '?' is written %3F there. */
+  const char *query = u->tls ? strchr(p, '?') : NULL;
+  const char *at = query ? memrchr(p, '@', (size_t)(query - p)) : strrchr(p, '@');
   if (at) {
     const char *colon = memchr(p, ':', (size_t)(at - p));
     const char *pw = colon ? colon + 1 : p; /* user:password, or password */
@@ -96,10 +163,24 @@ int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen) {
     }
     u->db = (int)db;
   }
+  if (query && redis__query(query + 1, u, err, errlen)) return -1;
   return 0;
 bad_host:
   snprintf(err, errlen, "host name too long in the Redis URL");
   return -1;
+}
+
+net_tls_ctx_t *redis_url_tls(const redis_url_t *u, char *err, size_t errlen) {
+  if (u->verify && !u->ca[0] && !u->cert[0]) {
+    net_tls_ctx_t *d = net_tls_client_default(err, errlen);
+    if (d) net_tls_ctx_ref(d);
+    return d;
+  }
+  net_tls_client_opts_t o = {.verify = u->verify,
+                             .ca = u->ca[0] ? u->ca : NULL,
+                             .cert = u->cert[0] ? u->cert : NULL,
+                             .key = u->key[0] ? u->key : NULL};
+  return net_tls_client_ctx(&o, err, errlen);
 }
 
 /* ---- links ---- */
@@ -130,6 +211,14 @@ struct redis_link {
   mp_timer_t retry, connect_timer;
   uint64_t backoff;
   unsigned failures; /* in a row, for the log */
+  /* rediss: the client context, this connection's pipe, and why its TLS
+   * side failed (for the log line of the disconnect that follows). */
+  net_tls_ctx_t *tls;
+  redis_pipe_t *pipe;
+  char tls_err[256];
+  /* Replies the link waits for before it is up: AUTH, SELECT, and over
+   * TLS a PING (hiredis's "connected" is only the local socket's). */
+  int gates;
 };
 
 /* hiredis's adapter hooks. */
@@ -195,8 +284,15 @@ static void redis__io(void *arg, unsigned events) {
 
 static void redis__connect(mp_timer_t *t);
 
+/* rediss: a stopping reactor has closed the pipe's connections (every
+ * connection closes as a shutdown begins) and connects no more: no retry,
+ * no log lines about it. */
+static bool redis__tls_stopping(const redis_link_t *l) {
+  return l->tls && reactor_stopping(l->r);
+}
+
 static void redis__retry_later(redis_link_t *l) {
-  if (l->freeing || l->retry.armed) return;
+  if (l->freeing || l->retry.armed || redis__tls_stopping(l)) return;
   uint64_t ms = l->backoff;
   l->backoff = l->backoff * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS
                                                     : l->backoff * 2;
@@ -206,6 +302,7 @@ static void redis__retry_later(redis_link_t *l) {
 
 /* Logs a failure: every one of the first few, then one in 20. */
 static void redis__failed(redis_link_t *l, const char *what, const char *why) {
+  if (redis__tls_stopping(l)) return;
   l->failures++;
   if (l->failures <= 3 || l->failures % 20 == 0)
     log_error("%s: %s %s:%d: %s (attempt %u; retrying)", l->name, what,
@@ -238,18 +335,45 @@ static void redis__on_connect(const redisAsyncContext *ac, int status) {
     redis__went_down(l);
     return;
   }
-  if (!l->u.password[0] && !l->u.db) redis__ready(l);
-  /* else up once the last of AUTH and SELECT is accepted */
+  if (l->gates == 0) redis__ready(l);
+  /* else up once the last of AUTH, SELECT and PING is answered */
 }
 
 static void redis__on_disconnect(const redisAsyncContext *ac, int status) {
   redis_link_t *l = ac->ev.data;
   if (l->ac == ac) l->ac = NULL;
   if (l->freeing) return;
-  if (l->up) log_error("%s: lost the connection to %s:%d%s%s", l->name,
-                       l->u.host, l->u.port, ac->errstr[0] ? ": " : "",
-                       ac->errstr);
+  /* Over TLS the local socket's end says little: the pipe said why. */
+  const char *why = l->tls_err[0] ? l->tls_err : ac->errstr;
+  if (l->up && !redis__tls_stopping(l))
+    log_error("%s: lost the connection to %s:%d%s%s", l->name, l->u.host,
+              l->u.port, why[0] ? ": " : "", why);
+  else if (l->tls_err[0])
+    redis__failed(l, "cannot connect (TLS) to", l->tls_err);
+  l->tls_err[0] = 0;
   redis__went_down(l);
+}
+
+/* A gate's reply came back: the link is up after the last one. */
+static void redis__gate(redis_link_t *l) {
+  if (--l->gates == 0) redis__ready(l);
+}
+
+static void redis__ping_reply(redisAsyncContext *ac, void *r, void *priv) {
+  redis_link_t *l = priv;
+  redisReply *reply = r;
+  if (!reply || l->ac != ac) return;
+  if (reply->type == REDIS_REPLY_ERROR) {
+    redis__failed(l, "PING refused by", reply->str);
+    redisAsyncDisconnect(ac);
+    return;
+  }
+  redis__gate(l);
+}
+
+static void redis__pipe_fail(void *arg, const char *why) {
+  redis_link_t *l = arg;
+  snprintf(l->tls_err, sizeof(l->tls_err), "%s", why);
 }
 
 static void redis__auth_reply(redisAsyncContext *ac, void *r, void *priv) {
@@ -261,7 +385,7 @@ static void redis__auth_reply(redisAsyncContext *ac, void *r, void *priv) {
     redisAsyncDisconnect(ac);
     return;
   }
-  if (!l->u.db) redis__ready(l);
+  redis__gate(l);
 }
 
 static void redis__select_reply(redisAsyncContext *ac, void *r, void *priv) {
@@ -273,7 +397,7 @@ static void redis__select_reply(redisAsyncContext *ac, void *r, void *priv) {
     redisAsyncDisconnect(ac);
     return;
   }
-  redis__ready(l);
+  redis__gate(l);
 }
 
 static void redis__connect_timeout(mp_timer_t *t) {
@@ -293,7 +417,39 @@ static void redis__connect_timeout(mp_timer_t *t) {
 static void redis__connect(mp_timer_t *t) {
   redis_link_t *l = t->udata;
   if (l->freeing || l->ac) return;
-  redisAsyncContext *ac = redisAsyncConnect(l->u.host, l->u.port);
+  redisAsyncContext *ac;
+  if (l->tls) {
+    /* rediss: hiredis talks to a local socket that a pipe carries over
+     * TLS (redis_pipe.h); the last attempt's pipe goes now. */
+    char err[300];
+    redis_pipe_detach(l->pipe);
+    l->pipe = redis_pipe_new(l->r, err, sizeof(err));
+    l->tls_err[0] = 0;
+    if (!l->pipe) {
+      redis__failed(l, "cannot connect to", err);
+      redis__retry_later(l);
+      return;
+    }
+    ac = redisAsyncConnectUnix(redis_pipe_path(l->pipe));
+    if (ac && !ac->err &&
+        redis_pipe_start(l->pipe, l->u.host, l->u.port, l->tls,
+                         l->u.sni[0] ? l->u.sni : l->u.host,
+                         (uint32_t)l->connect_ms, redis__pipe_fail, l, err,
+                         sizeof(err))) {
+      redis__failed(l, "cannot connect (TLS) to", err);
+      redisAsyncFree(ac);
+      redis_pipe_detach(l->pipe);
+      l->pipe = NULL;
+      redis__retry_later(l);
+      return;
+    }
+    if (!ac || ac->err) { /* (reported below) */
+      redis_pipe_detach(l->pipe);
+      l->pipe = NULL;
+    }
+  } else {
+    ac = redisAsyncConnect(l->u.host, l->u.port);
+  }
   if (!ac) {
     redis__failed(l, "cannot connect to", "out of memory");
     redis__retry_later(l);
@@ -323,10 +479,19 @@ static void redis__connect(mp_timer_t *t) {
   redisAsyncSetConnectCallback(ac, redis__on_connect); /* asks to write */
   redisAsyncSetDisconnectCallback(ac, redis__on_disconnect);
   /* Queued ahead of whatever the user of the link sends. */
-  if (l->u.password[0])
+  l->gates = 0;
+  if (l->u.password[0]) {
     redisAsyncCommand(ac, redis__auth_reply, l, "AUTH %s", l->u.password);
-  if (l->u.db)
+    l->gates++;
+  }
+  if (l->u.db) {
     redisAsyncCommand(ac, redis__select_reply, l, "SELECT %d", l->u.db);
+    l->gates++;
+  }
+  if (l->tls) {
+    redisAsyncCommand(ac, redis__ping_reply, l, "PING");
+    l->gates++;
+  }
   timer_start(reactor_timers(l->r), &l->connect_timer, reactor_now(l->r),
               (uint64_t)l->connect_ms, 0, 1, redis__connect_timeout, NULL, l);
 }
@@ -336,6 +501,16 @@ redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
                              redis_link_hooks_t hooks, void *arg) {
   redis_link_t *l = calloc(1, sizeof(*l));
   if (!l) return NULL;
+  if (u->tls) {
+    char err[400];
+    l->tls = redis_url_tls(u, err, sizeof(err));
+    if (!l->tls) {
+      log_error("%s: %s", name, err);
+      free(l);
+      errno = EINVAL;
+      return NULL;
+    }
+  }
   l->r = r;
   l->u = *u;
   l->name = name;
@@ -350,15 +525,29 @@ redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
   return l;
 }
 
-redisAsyncContext *redis_link_ctx(redis_link_t *l) {
-  return l->up ? l->ac : NULL;
+/* A context hiredis is tearing down (its NULL replies run Lua, which may
+ * send again at once) refuses commands: it is not offered. */
+static redisAsyncContext *redis__usable(redisAsyncContext *ac) {
+  return ac && !(ac->c.flags & (REDIS_DISCONNECTING | REDIS_FREEING)) ? ac
+                                                                      : NULL;
 }
 
-redisAsyncContext *redis_link_ctx_any(redis_link_t *l) { return l->ac; }
+redisAsyncContext *redis_link_ctx(redis_link_t *l) {
+  return l->up ? redis__usable(l->ac) : NULL;
+}
+
+redisAsyncContext *redis_link_ctx_any(redis_link_t *l) {
+  return redis__usable(l->ac);
+}
 
 bool redis_link_connect_timed_out(const redisAsyncContext *ac) {
   const redis_link_t *l = ac ? ac->ev.data : NULL;
   return l && l->timing_out;
+}
+
+const char *redis_link_tls_error(const redisAsyncContext *ac) {
+  const redis_link_t *l = ac ? ac->ev.data : NULL;
+  return l && l->tls_err[0] ? l->tls_err : NULL;
 }
 
 bool redis_link_closing(const redisAsyncContext *ac) {
@@ -371,6 +560,10 @@ void redis_link_free(redis_link_t *l) {
   l->freeing = true;
   timer_stop(reactor_timers(l->r), &l->retry);
   timer_stop(reactor_timers(l->r), &l->connect_timer);
+  redis_pipe_detach(l->pipe);
+  l->pipe = NULL;
+  net_tls_ctx_unref(l->tls); /* a pipe's connection holds its own */
+  l->tls = NULL;
   redis__enter(l);
   if (l->ac) {
     redisAsyncContext *ac = l->ac;
@@ -519,6 +712,7 @@ bool redis_engine_up(const redis_engine_t *e) {
 
 static void redis__close_fd(redis_link_t *l) {
   if (l && l->ac && l->ac->c.fd >= 0) close(l->ac->c.fd);
+  if (l) redis_pipe_close_fds(l->pipe);
 }
 
 void redis_engine_close_fds(redis_engine_t *e) {

@@ -14,16 +14,27 @@
 #include "net/reactor.h"
 
 /* redis://[:password@]host[:port][/db] (also redis://user:password@...,
- * the user being ignored: Redis 5 AUTH takes a password only). */
+ * the user being ignored: Redis 5 AUTH takes a password only), and
+ * rediss://...[?verify=0&ca=FILE&sni=NAME&cert=FILE&key=FILE], the same
+ * over TLS (redis_pipe.h): verified against the system's store, or `ca`,
+ * for the host's name, or `sni`. Query values are %-decoded. */
 typedef struct {
   char host[256];
   int port;
   char password[256];
   int db;
+  bool tls;
+  bool verify;        /* tls: check the certificate (default) */
+  char sni[256];      /* tls: the name sent and verified ("": the host) */
+  char ca[512], cert[512], key[512]; /* tls: PEM files, or "" */
 } redis_url_t;
 
 /* 0, or -1 with a message in err. */
 int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen);
+
+/* A rediss:// URL's client context (a reference the caller drops), or
+ * NULL with the reason in err (a file that doesn't load). Any thread. */
+net_tls_ctx_t *redis_url_tls(const redis_url_t *u, char *err, size_t errlen);
 
 /* ---- a link: one connection that reconnects ---- */
 
@@ -39,7 +50,10 @@ typedef struct {
 
 /* Connects now and again after each loss, with a backoff from 100 ms to
  * 5 s; a connect that takes longer than `connect_ms` fails. `name` is for
- * log lines ("redis subscriber"). */
+ * log lines ("redis subscriber"). A rediss:// URL goes through a
+ * redis_pipe each time, and the link is up only once a PING has come back
+ * through it. NULL when out of memory, or (errno EINVAL, logged) when the
+ * URL's TLS files don't load. */
 redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
                              const char *name, int connect_ms,
                              redis_link_hooks_t hooks, void *arg);
@@ -57,6 +71,10 @@ redisAsyncContext *redis_link_ctx(redis_link_t *l);
 /* The same, or the context still connecting (commands sent to it wait
  * for the connection, behind AUTH and SELECT). */
 redisAsyncContext *redis_link_ctx_any(redis_link_t *l);
+/* rediss: why the TLS connection under ac failed or ended (the pipe's
+ * reason: "certificate verify failed: ..."), while its NULL replies are
+ * called back; NULL when it didn't. The link's thread. */
+const char *redis_link_tls_error(const redisAsyncContext *ac);
 /* True when ac's link is being freed: a reply callback that gets NULL then
  * must not run user code (the owner closed the link). */
 bool redis_link_closing(const redisAsyncContext *ac);
