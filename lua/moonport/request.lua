@@ -1,11 +1,12 @@
 -- The metatable of mp.http's request tables: the fields made on first use
--- (req.form, req.conn_uid) and the methods (req:read, req:json, req:peer).
+-- (req.form, req.conn_uid) and the methods (req:read, req:json, req:peer,
+-- req:tls).
 -- The table itself is built by moonport.http from the parts C pushes.
 local core = require("moonport.core")
 local json = require("moonport.json")
 local C = core.http -- filled by lx_http_open (src/lx/lx_http.c)
-local peer, unescape, read_now, read_wait, uid =
-  C.peer, C.unescape, C.read_now, C.read_wait, C.uid
+local peer, tls, unescape, read_now, read_wait, uid =
+  C.peer, C.tls, C.unescape, C.read_now, C.read_wait, C.uid
 local rawget, rawset, concat = rawget, rawset, table.concat
 
 -- req:read(): the next piece of a streamed body, nil at its end, or
@@ -49,6 +50,7 @@ end
 return {
   __index = function(req, k)
     if k == "peer" then return peer end
+    if k == "tls" then return tls end
     if k == "read" then return read end
     if k == "json" then return req_json end
     if k == "conn_uid" then

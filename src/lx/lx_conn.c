@@ -15,6 +15,7 @@
 #include "lx/lx_listen.h"
 #include "lx/lx_pubsub.h"
 #include "lx/lx_server.h"
+#include "lx/lx_tls.h"
 
 #define LX_CONN_MT "moonport.conn"
 /* Writes at least this long are queued by reference to the Lua string
@@ -249,6 +250,12 @@ static int lx_conn_subscribe(lua_State *L) {
   return lx_subscribe(L, ln, 2, reactor_conn_uuid(c), NULL);
 }
 
+/* conn:tls(): {protocol, cipher, sni, alpn, resumed} of an encrypted
+ * connection (lx_tls_push_info); nil for a plain one or once closed. */
+static int lx_conn_tls(lua_State *L) {
+  return lx_tls_push_info(L, lx__conn(L, lx__ln(L)));
+}
+
 static int lx_conn_tostring(lua_State *L) {
   lx_conn_ud_t *ud = luaL_checkudata(L, 1, LX_CONN_MT);
   lua_pushfstring(L, "moonport.conn(%f)", (lua_Number)ud->uuid);
@@ -262,7 +269,8 @@ static const luaL_Reg lx_conn_methods[] = {
     {"id", lx_conn_id},           {"uid", lx_conn_uid},
     {"is_open", lx_conn_is_open},
     {"pending", lx_conn_pending}, {"timeout", lx_conn_timeout},
-    {"subscribe", lx_conn_subscribe}, {NULL, NULL}};
+    {"subscribe", lx_conn_subscribe}, {"tls", lx_conn_tls},
+    {NULL, NULL}};
 
 void lx_meta_env(lua_State *L, lx_lane_t *ln, const char *name,
                  const luaL_Reg *methods) {

@@ -26,6 +26,7 @@
 #include "lx/lx_moonport.h"
 #include "lx/lx_server.h"
 #include "lx/lx_stats.h"
+#include "lx/lx_tls.h"
 #include "lx/lx_ws.h"
 
 #define LX_RES_MT "moonport.http.response"
@@ -142,6 +143,16 @@ static int lx_req_peer(lua_State *L) {
   lua_getfield(L, 1, "conn_id");
   sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
   return lx_push_peer(L, uuid ? reactor_conn_find(ln->r, uuid) : NULL);
+}
+
+/* req:tls(): conn:tls()'s table for the request's connection; nil over
+ * plain HTTP, or once the connection is gone. */
+static int lx_req_tls(lua_State *L) {
+  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "conn_id");
+  sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
+  return lx_tls_push_info(L, uuid ? reactor_conn_find(ln->r, uuid) : NULL);
 }
 
 /* Pushes the request table. Returns false (nothing pushed) for a target
@@ -1087,6 +1098,9 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_req_peer, 1);
   lua_setfield(L, -2, "peer");
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx_req_tls, 1);
+  lua_setfield(L, -2, "tls");
   lua_pushcfunction(L, lx_req_unescape);
   lua_setfield(L, -2, "unescape");
   lua_pushlightuserdata(L, ln);

@@ -16,6 +16,7 @@
 #include "lx/lx_lane.h"
 #include "lx/lx_pubsub.h"
 #include "lx/lx_server.h"
+#include "lx/lx_tls.h"
 #include "lx/lx_ws.h"
 
 #define LX_WS_MT "moonport.websocket"
@@ -542,6 +543,13 @@ static int lx_stream_peer(lua_State *L) {
   return lx_push_peer(L, c);
 }
 
+/* ws:tls(), sse:tls(): as conn:tls() (nil over plain HTTP, or closed). */
+static int lx_stream_tls(lua_State *L) {
+  conn_t *c;
+  lx__stream(L, &c);
+  return lx_tls_push_info(L, c);
+}
+
 static int lx_stream_id(lua_State *L) {
   lx_stream_ud_t *ud = lx_check_self(L, "websocket or sse object");
   lua_pushnumber(L, (lua_Number)ud->uuid);
@@ -580,7 +588,7 @@ static const luaL_Reg lx_ws_methods[] = {
     {"send", lx_ws_send},           {"close", lx_ws_close},
     {"subscribe", lx_stream_subscribe}, {"peer", lx_stream_peer},
     {"id", lx_stream_id}, {"uid", lx_stream_uid},           {"is_open", lx_stream_is_open},
-    {"pending", lx_stream_pending}, {NULL, NULL}};
+    {"pending", lx_stream_pending}, {"tls", lx_stream_tls}, {NULL, NULL}};
 
 static const luaL_Reg lx_sse_methods[] = {
     {"send", lx_sse_send},
@@ -591,6 +599,7 @@ static const luaL_Reg lx_sse_methods[] = {
     {"id", lx_stream_id}, {"uid", lx_stream_uid},
     {"is_open", lx_stream_is_open},
     {"pending", lx_stream_pending},
+    {"tls", lx_stream_tls},
     {NULL, NULL}};
 
 void lx_ws_open(lua_State *L, lx_lane_t *ln) {
