@@ -339,10 +339,10 @@ end
 local live = {}        -- servers started during the current test
 
 --- Spawns argv (argv[1] is the program path) with stdout/stderr redirected
---- to files in a fresh temp dir and stdin from /dev/null. All other fds are
---- closed in the child, signal dispositions and mask are reset, and the
---- child gets SIGKILL if the test runner dies. opts.env overrides the
---- environment (a false value removes a variable).
+--- to files in a fresh temp dir and stdin from /dev/null (or the file
+--- opts.stdin). All other fds are closed in the child, signal dispositions
+--- and mask are reset, and the child gets SIGKILL if the test runner dies.
+--- opts.env overrides the environment (a false value removes a variable).
 function H.spawn(argv, opts)
   opts = opts or {}
   local dir = H.tmpdir()
@@ -351,7 +351,7 @@ function H.spawn(argv, opts)
   local c_argv, c_env = cstr_array(argv), cstr_array(envl)
   local out = C.open(out_path, O_WRONLY + O_CREAT + O_TRUNC + O_CLOEXEC, 420)
   local err = C.open(err_path, O_WRONLY + O_CREAT + O_TRUNC + O_CLOEXEC, 420)
-  local null = C.open("/dev/null", O_RDONLY + O_CLOEXEC, 0)
+  local null = C.open(opts.stdin or "/dev/null", O_RDONLY + O_CLOEXEC, 0)
   assert(out >= 0 and err >= 0 and null >= 0, "open: " .. errno_str())
   local parent = C.getpid()
   io.stdout:flush(); io.stderr:flush()
@@ -740,6 +740,109 @@ function H.run(args, opts)
   end
   srv:check_sanitizers()
   return st, srv:stdout(), srv:stderr(), how, srv
+end
+
+--- Runs a tool (argv[1] is its path) to completion: status (nil if it was
+--- killed after `opts.timeout`, default H.T(20)), stdout, stderr. opts.stdin
+--- and opts.env as for H.spawn. Not judged for sanitizer reports.
+function H.exec(argv, opts)
+  opts = opts or {}
+  local strs = {}
+  for i, a in ipairs(argv) do strs[i] = tostring(a) end
+  local p = H.spawn(strs, { env = opts.env, stdin = opts.stdin })
+  p.sanitizer_checked = true
+  local st = p:wait_exit(opts.timeout or H.T(20))
+  if not st then
+    p:kill(H.SIGKILL)
+    p:wait_exit(5)
+  end
+  return st, p:stdout(), p:stderr()
+end
+
+--- Writes `data` to `path` (binary), raising on failure.
+function H.write_file(path, data)
+  local f = assert(io.open(path, "wb"))
+  assert(f:write(data))
+  assert(f:close())
+end
+
+---------------------------------------------------------------------------
+-- A test certificate authority (openssl)
+---------------------------------------------------------------------------
+
+H.openssl = "/usr/bin/openssl"
+
+local function openssl(args, what)
+  local argv = { H.openssl }
+  for _, a in ipairs(args) do argv[#argv + 1] = a end
+  local st, out, err = H.exec(argv)
+  if st ~= 0 then
+    error(("openssl %s (%s): %s\n%s"):format(args[1], what, tostring(st), err .. out), 3)
+  end
+  return out
+end
+
+local CA = {}
+CA.__index = CA
+
+--- Issues a server certificate for `name` signed by this CA, in its dir:
+--- returns { cert =, key = } (PEM paths). The certificate's subject is
+--- CN=<name> and it lists `name` (a DNS name, or an IP address) and any
+--- opts.alt names (strings such as "DNS:b.test", "IP:::1") as
+--- subjectAltName ("localhost" also lists IP:127.0.0.1 and IP:::1). opts.rsa: an RSA 2048 key instead of ECDSA P-256;
+--- opts.file: the base name of the files (default `name`); opts.subject:
+--- another subject, such as "/CN=localhost/O=v2".
+function CA:issue(name, opts)
+  opts = opts or {}
+  local base = self.dir .. "/" .. (opts.file or name:gsub("[^%w%.%-]", "_"))
+  local key, csr, cert, ext = base .. ".key", base .. ".csr", base .. ".pem", base .. ".ext"
+  local alt = { (name:match("^[%d%.]+$") or name:find(":", 1, true)) and ("IP:" .. name)
+    or ("DNS:" .. name) }
+  if name == "localhost" then alt[2], alt[3] = "IP:127.0.0.1", "IP:::1" end
+  for _, a in ipairs(opts.alt or {}) do alt[#alt + 1] = a end
+  H.write_file(ext, "basicConstraints=critical,CA:FALSE\n" ..
+    "keyUsage=critical,digitalSignature" .. (opts.rsa and ",keyEncipherment" or "") .. "\n" ..
+    "extendedKeyUsage=serverAuth\nsubjectAltName=" .. table.concat(alt, ",") .. "\n")
+  local newkey = opts.rsa and { "-newkey", "rsa:2048" }
+    or { "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256" }
+  local req = { "req", "-new", "-nodes", "-keyout", key, "-out", csr, "-subj", opts.subject or ("/CN=" .. name) }
+  for i, a in ipairs(newkey) do table.insert(req, 2 + i, a) end
+  openssl(req, name)
+  self.serial = self.serial + 1
+  openssl({ "x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key,
+    "-set_serial", tostring(self.serial), "-days", "2", "-sha256", "-extfile", ext,
+    "-out", cert }, name)
+  return { cert = cert, key = key }
+end
+
+--- The base64 SHA-256 of a certificate's public key (SubjectPublicKeyInfo),
+--- as Chromium's --ignore-certificate-errors-spki-list and HPKP take it.
+function H.spki_hash(cert_path)
+  local dir = H.tmpdir()
+  openssl({ "x509", "-in", cert_path, "-noout", "-pubkey", "-out", dir .. "/pub.pem" }, "pubkey")
+  openssl({ "pkey", "-pubin", "-in", dir .. "/pub.pem", "-outform", "DER", "-out", dir .. "/pub.der" }, "der")
+  openssl({ "dgst", "-sha256", "-binary", "-out", dir .. "/hash", dir .. "/pub.der" }, "hash")
+  local b64 = openssl({ "base64", "-A", "-in", dir .. "/hash" }, "base64")
+  return (b64:gsub("%s+$", ""))
+end
+
+--- A test CA in a fresh temp dir (removed by H.cleanup): an ECDSA P-256
+--- root "moonport test CA" valid for two days, and for each of `names` a
+--- server certificate it signed (CA:issue). Returns the CA object:
+--- ca.dir, ca.ca (the root's PEM, what clients trust), ca.ca_key, and
+--- ca[name] = { cert =, key = } for each name; ca:issue(name, opts) makes
+--- more.
+function H.test_ca(names)
+  local dir = H.tmpdir()
+  local ca = setmetatable({ dir = dir, ca = dir .. "/ca.pem", ca_key = dir .. "/ca.key",
+    serial = 1000 }, CA)
+  openssl({ "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+    "-keyout", ca.ca_key, "-out", ca.ca, "-days", "2", "-sha256",
+    "-subj", "/CN=moonport test CA",
+    "-addext", "basicConstraints=critical,CA:TRUE",
+    "-addext", "keyUsage=critical,keyCertSign,cRLSign" }, "the CA")
+  for _, n in ipairs(names or {}) do ca[n] = ca:issue(n) end
+  return ca
 end
 
 ---------------------------------------------------------------------------
