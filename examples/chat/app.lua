@@ -1,6 +1,8 @@
 -- A browser chat over WebSocket, across worker processes:
---   moonport -w 2 examples/chat/app.lua [port]      (port: 3000)
--- then open http://127.0.0.1:3000/ in two browser tabs.
+--   moonport -w 2 examples/chat/app.lua [port [cert.pem key.pem]]
+-- (port: 3000) then open http://127.0.0.1:3000/ in two browser tabs; with a
+-- certificate and its key (PEM files), the page and its socket are served
+-- over TLS instead: https://127.0.0.1:3000/ and wss://.
 --
 -- Every socket subscribes to the channel "chat" with no Lua callback, so a
 -- message published there goes to each client as a frame straight from C;
@@ -38,9 +40,13 @@ local function parse(data)
   return { name = cut(name, 120), text = text, at = os.time() }
 end
 
+local cert, key = mp.args[2], mp.args[3]
+if cert and not key then error("give the certificate and its key: app.lua PORT CERT KEY", 0) end
+
 mp.http {
   port = tonumber(mp.args[1]) or 3000,
   address = "127.0.0.1",
+  tls = cert and { cert = cert, key = key } or nil,
   on_request = function(req, res)
     local f = files[req.path]
     if not f then return res:status(404):send("not found\n") end

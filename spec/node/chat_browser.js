@@ -17,7 +17,14 @@ const fs = require('fs');
 const { chromium } = require('playwright-core');
 
 const [chatPort, goFile, ssePort] = process.argv.slice(2);
-const url = `http://127.0.0.1:${chatPort}/`;
+// CHAT_HTTPS=1: the chat is served over TLS (the page, then wss://); the
+// browser trusts the spec's test CA through the NSS database under
+// CHAT_HOME (its $HOME/.pki/nssdb), as a user's Chromium would, and says
+// what it saw ({page, loaded, secure, protocol, subject, issuer}; each
+// page's {websocket: url}). CHAT_PROBE=1: only tries to load the page
+// ({"step":"probe", ok, error}).
+const https = process.env.CHAT_HTTPS === '1';
+const url = `${https ? 'https' : 'http'}://127.0.0.1:${chatPort}/`;
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + '\n');
 // Deadlines stretch for sanitizer builds of the server (spec/js.lua sets it).
 const T = 5000 * Number(process.env.SPEC_SCALE || 1);
@@ -26,7 +33,13 @@ async function openChat(browser, name) {
   const context = await browser.newContext();
   const page = await context.newPage();
   page.on('pageerror', (e) => out({ page: name, pageerror: e.message }));
-  await page.goto(url, { timeout: T });
+  page.on('websocket', (ws) => out({ page: name, websocket: ws.url() }));
+  const res = await page.goto(url, { timeout: T });
+  if (https) {
+    const sec = await res.securityDetails();
+    out({ page: name, loaded: page.url(), secure: await page.evaluate(() => window.isSecureContext),
+      protocol: sec && sec.protocol, subject: sec && sec.subjectName, issuer: sec && sec.issuer });
+  }
   await page.waitForSelector('body[data-connected="yes"]', { timeout: T });
   await page.fill('#name', name);
   return page;
@@ -74,8 +87,22 @@ async function say(step, from, fromName, to, text) {
     // no name lookups: nothing but the loopback servers is reached
     args: ['--no-sandbox', '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'],
     timeout: 15000,
+    env: process.env.CHAT_HOME ? { ...process.env, HOME: process.env.CHAT_HOME } : process.env,
   });
   try {
+    if (process.env.CHAT_PROBE === '1') {
+      // only: does the page load? (the spec's control without the CA)
+      const page = await (await browser.newContext()).newPage();
+      try {
+        await page.goto(url, { timeout: T });
+        out({ step: 'probe', ok: true });
+      } catch (e) {
+        out({ step: 'probe', ok: false, error: e.message.split('\n')[0] });
+      }
+      await browser.close();
+      out({ done: true });
+      process.exit(0);
+    }
     let ssePage = null;
     if (ssePort) {
       ssePage = await (await browser.newContext()).newPage();
