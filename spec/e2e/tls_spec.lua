@@ -348,6 +348,24 @@ describe("TLS server:", function()
       assert.equal(1000, JS.find(rows, "name", "close").code)
     end)
 
+    it("pipelining: 100 requests and three 2 MiB files in one write, read only after a second (back pressure), answered in order and whole", function()
+      local ca = H.test_ca { "localhost" }
+      local pub = H.tmpdir()
+      local data = bytes(2 * 1024 * 1024 + 13, 21)
+      H.write_file(pub .. "/big.bin", data)
+      local st, sum = H.exec { "/usr/bin/sha256sum", pub .. "/big.bin" }
+      assert.equal(0, st)
+      sum = sum:match("^(%x+)")
+      local srv, port = start(ca.localhost, { public = pub })
+      local r = JS.run("tls_cases.js", { port, "pipeline", ca.ca, 100, "/big.bin" }, 60, srv)[1]
+      assert.equal(104, r.answers)
+      assert.equal(0, r.rest)
+      assert.same({ 200 }, r.statuses)
+      assert.equal(101, r.whos)
+      assert.same({ sum, sum, sum }, r.bigs)
+      assert.same({ 100, 101, 102 }, r.bigAt, "the files' answers in their places")
+    end)
+
     it("200 TLS connections at once: every handshake completes and every one is answered", function()
       local ca = H.test_ca { "localhost" }
       local srv, port = start(ca.localhost)

@@ -138,6 +138,49 @@ run({
       authorized: socks.filter((s) => s.authorized).length, ms: Date.now() - started });
   },
 
+  // ARGS: N, PATH. One socket: N GET /who and 3 GET PATH (a big static
+  // file) written at once, not read for a second (the server's queue
+  // fills and it stops reading), then read: each answer, in order, with
+  // the SHA-256 of each PATH body.
+  async pipeline() {
+    const n = Number(args[1]);
+    const s = await withTimeout(connect({}), 5000, 'handshake');
+    s.pause();
+    let reqs = '';
+    for (let i = 0; i < n; i++) reqs += 'GET /who HTTP/1.1\r\nHost: localhost\r\n\r\n';
+    for (let i = 0; i < 3; i++) reqs += `GET ${args[2]} HTTP/1.1\r\nHost: localhost\r\n\r\n`;
+    reqs += 'GET /who HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n';
+    s.write(reqs);
+    await new Promise((r) => setTimeout(r, 1000));
+    const chunks = [];
+    const ended = new Promise((resolve, reject) => {
+      s.on('data', (d) => chunks.push(d));
+      s.on('end', resolve);
+      s.on('error', reject);
+    });
+    s.resume();
+    await withTimeout(ended, 30000, 'all answers');
+    const all = Buffer.concat(chunks);
+    const answers = [];
+    let at = 0;
+    while (at < all.length) {
+      const headEnd = all.indexOf('\r\n\r\n', at);
+      if (headEnd < 0) break;
+      const head = all.subarray(at, headEnd).toString('latin1');
+      const len = Number((/\r\ncontent-length: *(\d+)/i.exec(head) || [])[1]);
+      const body = all.subarray(headEnd + 4, headEnd + 4 + len);
+      answers.push({ status: Number(head.split(' ')[1]), len: body.length,
+        who: body.length < 100 ? body.toString() : undefined,
+        sha256: require('crypto').createHash('sha256').update(body).digest('hex') });
+      at = headEnd + 4 + len;
+    }
+    out({ answers: answers.length, bytes: all.length, rest: all.length - at,
+      statuses: [...new Set(answers.map((a) => a.status))],
+      whos: answers.filter((a) => a.who).length,
+      bigs: answers.filter((a) => !a.who).map((a) => a.sha256),
+      bigAt: answers.map((a, i) => (a.who ? -1 : i)).filter((i) => i >= 0) });
+  },
+
   // The npm ws client over wss:// (ARGS: path): ws:tls() first, then echoes.
   async wss() {
     const ws = new WebSocket(`wss://${host}:${port}${args[1] || '/ws'}`, { ca });
