@@ -815,17 +815,6 @@ function CA:issue(name, opts)
   return { cert = cert, key = key }
 end
 
---- The base64 SHA-256 of a certificate's public key (SubjectPublicKeyInfo),
---- as Chromium's --ignore-certificate-errors-spki-list and HPKP take it.
-function H.spki_hash(cert_path)
-  local dir = H.tmpdir()
-  openssl({ "x509", "-in", cert_path, "-noout", "-pubkey", "-out", dir .. "/pub.pem" }, "pubkey")
-  openssl({ "pkey", "-pubin", "-in", dir .. "/pub.pem", "-outform", "DER", "-out", dir .. "/pub.der" }, "der")
-  openssl({ "dgst", "-sha256", "-binary", "-out", dir .. "/hash", dir .. "/pub.der" }, "hash")
-  local b64 = openssl({ "base64", "-A", "-in", dir .. "/hash" }, "base64")
-  return (b64:gsub("%s+$", ""))
-end
-
 --- A test CA in a fresh temp dir (removed by H.cleanup): an ECDSA P-256
 --- root "moonport test CA" valid for two days, and for each of `names` a
 --- server certificate it signed (CA:issue). Returns the CA object:

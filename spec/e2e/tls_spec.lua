@@ -204,9 +204,14 @@ describe("TLS server:", function()
         assert.truthy(plain(text, "Verify return code: 0 (ok)"), text)
         assert.truthy(text:find("\r\n\r\nwho %d+ %d+\n"), text)
       end
+      -- a client that offers only h2 goes on without ALPN
+      local st, text = s_client(port, { "-servername", "localhost", "-alpn", "h2" }, WHO)
+      assert.equal(0, st, text)
+      assert.truthy(plain(text, "No ALPN negotiated"), text)
+      assert.truthy(text:find("\r\n\r\nwho %d+ %d+\n"), text)
       -- SECLEVEL=0 so that the client does offer the old versions
       for _, v in ipairs { "-tls1_1", "-tls1" } do
-        local st, text = s_client(port, { v, "-cipher", "DEFAULT@SECLEVEL=0", "-servername", "localhost" })
+        st, text = s_client(port, { v, "-cipher", "DEFAULT@SECLEVEL=0", "-servername", "localhost" })
         assert.are_not.equal(0, st, text)
         assert.truthy(plain(text, "alert protocol version") or plain(text, "SSL alert number 70"), v .. ": " .. text)
         assert.truthy(plain(text, "Cipher is (NONE)"), text)
@@ -450,29 +455,53 @@ describe("TLS server:", function()
   end)
 
   describe("sessions and reloads (-w 2)", function()
-    it("a session ticket from one worker resumes on both (s_client -sess_out, then -sess_in: Reused), TLS 1.3 and 1.2", function()
+    it("a session ticket from one worker resumes on both (s_client -sess_out, then -sess_in: Reused; req:tls().resumed), TLS 1.3 and 1.2, and on the workers of a reload", function()
       local ca = H.test_ca { "localhost" }
       local srv, port = start(ca.localhost, nil, { workers = 2 })
-      H.wait_for(function() return #H.children(srv:pid()) == 2 end, H.T(10), srv.describe)
+      H.wait_for(function() return #H.children(srv:pid()) == 2 end, H.T(10), function() return srv:describe() end)
+      local GET_TLS = "GET /tls HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+      -- resumes with the saved session `sess`: the server's view of it
+      local function resume(v, sess, what)
+        local st, text = s_client(port, { v, "-servername", "localhost", "-sess_in", sess }, GET_TLS)
+        assert.equal(0, st, text)
+        assert.truthy(plain(text, "\nReused, " .. (v == "-tls1_3" and "TLSv1.3" or "TLSv1.2")),
+          v .. " " .. what .. ": not resumed:\n" .. text)
+        local t = cjson.decode((assert(text:match("\r\n\r\n(%b{})"), text)))
+        assert.is_true(t.resumed, what)
+        return t
+      end
+      local sessions = {}
       for _, v in ipairs { "-tls1_3", "-tls1_2" } do
         local sess = H.tmpdir() .. "/session.pem"
-        local st, text = s_client(port, { v, "-servername", "localhost", "-sess_out", sess }, WHO)
+        local st, text = s_client(port, { v, "-servername", "localhost", "-sess_out", sess }, GET_TLS)
         assert.equal(0, st, text)
         assert.truthy(plain(text, "\nNew, "), text)
+        assert.is_false(cjson.decode((assert(text:match("\r\n\r\n(%b{})"), text))).resumed)
         assert.truthy(H.exists(sess), "no session saved: " .. text)
+        sessions[v] = sess
         local workers, tries = {}, 0
         while (not workers[1] or not workers[2]) and tries < 40 do
           tries = tries + 1
-          st, text = s_client(port, { v, "-servername", "localhost", "-sess_in", sess }, WHO)
-          assert.equal(0, st, text)
-          assert.truthy(plain(text, "\nReused, " .. (v == "-tls1_3" and "TLSv1.3" or "TLSv1.2")),
-            v .. " try " .. tries .. ": not resumed:\n" .. text)
-          local w = tonumber(text:match("\r\n\r\nwho %d+ (%d+)\n"))
-          assert.truthy(w, text)
-          workers[w] = (workers[w] or 0) + 1
+          local t = resume(v, sess, "try " .. tries)
+          workers[t.worker] = (workers[t.worker] or 0) + 1
         end
         assert.truthy(workers[1] and workers[2],
           ("%s: resumed %d times, all on one worker: %s"):format(v, tries, cjson.encode(workers)))
+      end
+      -- a reload: new workers (forked from the same root) take the tickets too
+      local before = H.set_of(H.children(srv:pid()))
+      assert.equal(0, ffi.C.kill(srv:pid(), H.SIGHUP))
+      H.wait_for(function()
+        local kids = H.children(srv:pid())
+        if #kids ~= 2 then return false end
+        for _, k in ipairs(kids) do if before[k] then return false end end
+        return true
+      end, H.T(15), function() return "two new workers: " .. srv:describe() end)
+      for v, sess in pairs(sessions) do
+        for i = 1, 4 do
+          local t = resume(v, sess, "after the reload, " .. i)
+          assert.is_nil(before[t.pid], "served by an old worker")
+        end
       end
     end)
 
@@ -488,7 +517,7 @@ describe("TLS server:", function()
       end
       install(v1)
       local srv, port = start(live, nil, { workers = 2 })
-      H.wait_for(function() return #H.children(srv:pid()) == 2 end, H.T(10), srv.describe)
+      H.wait_for(function() return #H.children(srv:pid()) == 2 end, H.T(10), function() return srv:describe() end)
       local function seen()
         local st, text = s_client(port, { "-servername", "localhost" }, WHO)
         if st ~= 0 then return nil, text end
@@ -504,7 +533,7 @@ describe("TLS server:", function()
         streak = seen() == "CN = localhost, O = v2" and streak + 1 or 0
         return streak >= 6
       end, H.T(15), function() return "new connections on the v2 certificate: " .. srv:describe() end)
-      H.wait_for(function() return #H.children(srv:pid()) == 2 end, H.T(10), srv.describe)
+      H.wait_for(function() return #H.children(srv:pid()) == 2 end, H.T(10), function() return srv:describe() end)
       local before = H.children(srv:pid())
 
       -- broken: the certificate file is not PEM; then a key of another pair
