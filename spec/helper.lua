@@ -815,6 +815,25 @@ function CA:issue(name, opts)
   return { cert = cert, key = key }
 end
 
+--- An intermediate CA signed by this one (CN=`name`, in this CA's dir):
+--- a CA object like H.test_ca's whose `ca` is the intermediate's
+--- certificate; what it issues needs that certificate sent along (the
+--- server's `chain`) to verify against the root.
+function CA:intermediate(name)
+  local base = self.dir .. "/" .. name:gsub("[^%w%.%-]", "_")
+  local sub = setmetatable({ dir = self.dir, ca = base .. ".ca.pem", ca_key = base .. ".ca.key",
+    serial = self.serial + 5000 }, CA)
+  H.write_file(base .. ".ca.ext", "basicConstraints=critical,CA:TRUE,pathlen:0\n" ..
+    "keyUsage=critical,keyCertSign,cRLSign\n")
+  openssl({ "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+    "-keyout", sub.ca_key, "-out", base .. ".ca.csr", "-subj", "/CN=" .. name }, name)
+  self.serial = self.serial + 1
+  openssl({ "x509", "-req", "-in", base .. ".ca.csr", "-CA", self.ca, "-CAkey", self.ca_key,
+    "-set_serial", tostring(self.serial), "-days", "2", "-sha256", "-extfile", base .. ".ca.ext",
+    "-out", sub.ca }, name)
+  return sub
+end
+
 --- A test CA in a fresh temp dir (removed by H.cleanup): an ECDSA P-256
 --- root "moonport test CA" valid for two days, and for each of `names` a
 --- server certificate it signed (CA:issue). Returns the CA object:

@@ -246,6 +246,42 @@ describe("TLS server:", function()
       end
     end)
 
+    it("chain: a certificate from an intermediate CA verifies against the root when the intermediate comes in chain= or after it in cert=; without it, it does not", function()
+      local ca = H.test_ca()
+      local mid = ca:intermediate("moonport test intermediate")
+      local leaf = mid:issue("localhost", { file = "leaf" })
+      local both = ca.dir .. "/leaf+mid.pem"
+      H.write_file(both, assert(H.read_file(leaf.cert)) .. assert(H.read_file(mid.ca)))
+      local confs = {
+        ["chain="] = { cert = leaf.cert, key = leaf.key, chain = mid.ca },
+        ["cert= with the intermediate after it"] = { cert = both, key = leaf.key },
+      }
+      for what, conf in pairs(confs) do
+        local _, port = start(conf)
+        local st, out, err = curl(ca, port, { url(port, "/tls") })
+        assert.equal(0, st, what .. ": " .. err)
+        assert.equal("TLSv1.3", cjson.decode(out).protocol)
+        local text
+        st, text = s_client(port, { "-servername", "localhost", "-CAfile", ca.ca, "-verify_return_error",
+          "-showcerts" }, WHO)
+        assert.equal(0, st, text)
+        assert.truthy(plain(text, "Verify return code: 0 (ok)"), text)
+        assert.truthy(text:find("\n 1 s:CN = moonport test intermediate", 1, true), what .. ": " .. text)
+      end
+      local _, port = start({ cert = leaf.cert, key = leaf.key })
+      local st, _, err = curl(ca, port, { url(port, "/tls") })
+      assert.equal(60, st, "without the intermediate: " .. err)
+      -- a chain file with no certificate in it is refused at the start
+      local empty = ca.dir .. "/empty.pem"
+      H.write_file(empty, "nothing here\n")
+      local port2 = H.free_port()
+      local code, _, stderr = H.run({ H.fixture(FIXTURE), port2,
+        cjson.encode { cert = leaf.cert, key = leaf.key, chain = empty } })
+      assert.are_not.equal(0, code)
+      local line = H.one_line(stderr)
+      assert.truthy(plain(line, "tls: chain " .. empty .. ": no certificate in it"), line)
+    end)
+
     it("SNI: a.test and b.test (and a name under *.b.test) get their certificates; an unknown name or none gets the default", function()
       local ca = H.test_ca { "localhost", "a.test", "b.test" }
       local tls = {
