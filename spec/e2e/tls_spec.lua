@@ -300,6 +300,28 @@ describe("TLS server:", function()
       local st, text = s_client(port, { "-noservername" }, WHO)
       assert.equal(0, st, text)
       assert.equal("CN = localhost", subject(text))
+      -- a session is its certificate's: resumed under its own name, a full
+      -- handshake (and the other certificate) under another (RFC 6066, 3)
+      local GET_TLS = "GET /tls HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+      for _, v in ipairs { "-tls1_3", "-tls1_2" } do
+        local sess = H.tmpdir() .. "/session.pem"
+        st, text = s_client(port, { v, "-servername", "b.test", "-sess_out", sess }, GET_TLS)
+        assert.equal(0, st, text)
+        assert.truthy(H.exists(sess), text)
+        for _, c in ipairs { { "b.test", "Reused", "CN = b.test", true }, { "localhost", "New", "CN = localhost", false },
+            { "a.test", "New", "CN = a.test", false }, { "x.b.test", "Reused", "CN = b.test", true } } do
+          st, text = s_client(port, { v, "-servername", c[1], "-sess_in", sess }, GET_TLS)
+          assert.equal(0, st, text)
+          local what = v .. ", a b.test session offered for " .. c[1]
+          assert.truthy(plain(text, "\n" .. c[2] .. ", TLS"), what .. ": " .. text)
+          assert.equal(c[3], subject(text), what)
+          local t = cjson.decode((assert(text:match("\r\n\r\n(%b{})"), text)))
+          assert.equal(c[4], t.resumed, what)
+          -- (a resumed TLS 1.2 session keeps the name it was made under:
+          -- OpenSSL stores SNI in the 1.2 session)
+          assert.equal((v == "-tls1_2" and c[4]) and "b.test" or c[1], t.sni, what .. ": req:tls().sni")
+        end
+      end
       -- curl verifies each name against its own certificate; req:tls().sni
       for _, name in ipairs { "a.test", "b.test", "localhost" } do
         local out, err

@@ -164,18 +164,53 @@ static bool tls__name_match(const char *pat, const char *name) {
   return strcasecmp(pat, name) == 0;
 }
 
-static int tls__sni_cb(SSL *s, int *al, void *arg) {
-  (void)al;
-  net_tls_ctx_t *c = arg;
-  const char *name = SSL_get_servername(s, TLSEXT_NAMETYPE_host_name);
-  if (!name) return SSL_TLSEXT_ERR_OK;
+/* The certificate SNI `name` selects: the first that lists it, else the
+ * default (0). */
+static size_t tls__pick(const net_tls_ctx_t *c, const char *name) {
   for (size_t i = 0; i < c->ncerts; i++)
     for (size_t k = 0; k < c->certs[i].nnames; k++)
-      if (tls__name_match(c->certs[i].names[k], name)) {
-        if (i) SSL_set_SSL_CTX(s, c->certs[i].ctx);
-        return SSL_TLSEXT_ERR_OK;
-      }
-  return SSL_TLSEXT_ERR_OK; /* the default certificate */
+      if (tls__name_match(c->certs[i].names[k], name)) return i;
+  return 0;
+}
+
+/* The certificate is chosen from the raw ClientHello, before OpenSSL
+ * looks at a session: switching the SSL_CTX then also switches the
+ * session id context (tls__server_one gives each certificate its own), so
+ * a ticket (1.2) or PSK (1.3) is taken only under the certificate that
+ * issued it, and a new session is made under the chosen one. The
+ * servername callback would come too late for that: a TLS 1.2 session is
+ * looked up before it runs. A malformed extension is left to OpenSSL. */
+static int tls__hello_cb(SSL *s, int *al, void *arg) {
+  (void)al;
+  net_tls_ctx_t *c = arg;
+  const unsigned char *p;
+  size_t len;
+  if (c->ncerts < 2 ||
+      !SSL_client_hello_get0_ext(s, TLSEXT_TYPE_server_name, &p, &len))
+    return SSL_CLIENT_HELLO_SUCCESS;
+  /* ServerNameList: length(2), then name_type(1) = host_name, length(2),
+   * the name */
+  if (len < 5 || ((size_t)p[0] << 8 | p[1]) != len - 2 ||
+      p[2] != TLSEXT_NAMETYPE_host_name)
+    return SSL_CLIENT_HELLO_SUCCESS;
+  size_t n = (size_t)p[3] << 8 | p[4];
+  char name[256];
+  if (n == 0 || n > len - 5 || n >= sizeof(name) || memchr(p + 5, 0, n))
+    return SSL_CLIENT_HELLO_SUCCESS;
+  memcpy(name, p + 5, n);
+  name[n] = 0;
+  size_t i = tls__pick(c, name);
+  if (i) SSL_set_SSL_CTX(s, c->certs[i].ctx);
+  return SSL_CLIENT_HELLO_SUCCESS;
+}
+
+/* SNI: the certificate was chosen by tls__hello_cb; answering OK
+ * acknowledges the name (and keeps it in the session). */
+static int tls__sni_cb(SSL *s, int *al, void *arg) {
+  (void)s;
+  (void)al;
+  (void)arg;
+  return SSL_TLSEXT_ERR_OK;
 }
 
 static int tls__alpn_cb(SSL *s, const unsigned char **out,
@@ -263,6 +298,13 @@ static SSL_CTX *tls__server_one(const net_tls_cert_t *ct, net_tls_ctx_t *c,
    * need to come back to the same worker for. */
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   SSL_CTX_set_num_tickets(ctx, 1);
+  /* A session belongs to the certificate that made it (RFC 6066, 3: not
+   * resumed under another name's certificate): see tls__hello_cb. */
+  unsigned char sid[32];
+  int sidlen = snprintf((char *)sid, sizeof(sid), "moonport cert %zu",
+                        c->ncerts - 1);
+  SSL_CTX_set_session_id_context(ctx, sid, (unsigned)sidlen);
+  SSL_CTX_set_client_hello_cb(ctx, tls__hello_cb, c);
   SSL_CTX_set_tlsext_servername_callback(ctx, tls__sni_cb);
   SSL_CTX_set_tlsext_servername_arg(ctx, c);
   if (alpn) SSL_CTX_set_alpn_select_cb(ctx, tls__alpn_cb, NULL);
