@@ -487,27 +487,45 @@ describe("TLS server:", function()
       assert.equal(0, srv:stop())
     end)
 
-    it("a client that stops mid-handshake is cut at header_timeout (0.5 s) while others are served meanwhile", function()
+    it("a client that stops mid-handshake, or trickles it a byte at a time, is cut at header_timeout (0.5 s) while others are served meanwhile", function()
       local ca = H.test_ca { "localhost" }
       local _, port = start(ca.localhost, { header_timeout = 0.5 })
       -- a ClientHello record that says 512 bytes follow, then only 40 of them
       local partial = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" .. bytes(40, 3)
-      local stalled = {}
+      local stalled, cut = {}, {}
       for i = 1, 3 do
         stalled[i] = H.connect(port)
         if i < 3 then assert.is_true(H.send(stalled[i], partial)) end -- the last sends nothing
       end
+      -- the fourth sends a real-looking hello one byte every 0.1 s
+      local trickle = H.connect(port)
+      stalled[4] = trickle
       local t0 = H.now()
       -- served meanwhile: complete handshakes and requests
       for _ = 1, 3 do assert.is_true(serves(ca, port)) end
-      for i, c in ipairs(stalled) do
-        local text, err = H.read_to_eof(c, H.T(4))
-        assert.truthy(text, ("stalled client %d not cut: %s"):format(i, tostring(err)))
-        assert.falsy(plain(text, "HTTP/1.1"), "a plaintext answer: " .. text)
+      local sent, last = 0, 0
+      while H.now() - t0 < H.T(4) do
+        if not cut[4] and H.now() - last >= 0.1 then
+          sent, last = sent + 1, H.now()
+          trickle:send(partial:sub(sent, sent))   -- fails once it was cut
+        end
+        local done = true
+        for i, c in ipairs(stalled) do
+          if not cut[i] then
+            local data, err = H.read_some(c, 0.02)
+            if not data and err ~= "timeout" then cut[i] = H.now() - t0 end
+            assert.falsy(data and plain(data, "HTTP/1.1"), "a plaintext answer: " .. tostring(data))
+            done = false
+          end
+        end
+        if done then break end
       end
-      local took = H.now() - t0
-      assert.is_true(took >= 0.4, ("cut after %.2f s, before header_timeout"):format(took))
-      assert.is_true(took < H.T(2.5), ("cut after %.2f s"):format(took))
+      for i = 1, 4 do
+        assert.truthy(cut[i], ("stalled client %d not cut after %.1f s"):format(i, H.now() - t0))
+        assert.is_true(cut[i] >= 0.4, ("client %d cut after %.2f s, before header_timeout"):format(i, cut[i]))
+        assert.is_true(cut[i] < H.T(2.5), ("client %d cut after %.2f s"):format(i, cut[i]))
+      end
+      assert.is_true(sent >= 4 and sent < #partial, "the trickle went on until the cut: " .. sent)
       assert.is_true(serves(ca, port))
     end)
   end)
