@@ -597,7 +597,8 @@ describe("TLS server:", function()
         H.write_file(live.key, assert(H.read_file(c.key)))
       end
       install(v1)
-      local srv, port = start(live, nil, { workers = 2 })
+      local fail_if = dir .. "/fail"
+      local srv, port = start(live, { fail_if = fail_if }, { workers = 2 })
       H.wait_for(function() return #H.children(srv:pid()) == 2 end, H.T(10), function() return srv:describe() end)
       local function seen()
         local st, text = s_client(port, { "-servername", "localhost" }, WHO)
@@ -643,6 +644,32 @@ describe("TLS server:", function()
           assert.truthy(H.set_of(before)[pid])
         end
       end
+
+      -- a good certificate, but the script fails after mp.http: the reload
+      -- fails, and a worker forked after it (one killed and replaced, once
+      -- the script loads again) still serves v2, the root's certificate,
+      -- not the failed reload's
+      local v3 = ca:issue("localhost", { file = "v3", subject = "/CN=localhost/O=v3" })
+      install(v3)
+      H.write_file(fail_if, "")
+      assert.equal(0, ffi.C.kill(srv:pid(), H.SIGHUP))
+      H.wait_for(function() return H.count_lines(srv:stderr(), "reload failed") >= 3 end, H.T(5),
+        function() return "reload 3 to fail: " .. srv:describe() end)
+      os.remove(fail_if)
+      assert.equal(0, ffi.C.kill(before[1], 9))
+      H.wait_for(function()
+        local kids = H.children(srv:pid())
+        return #kids == 2 and not H.set_of(kids)[before[1]]
+      end, H.T(10), function() return "a replacement worker: " .. srv:describe() end)
+      local replaced = {}
+      for _ = 1, 40 do
+        local sub, pid = seen()
+        assert.equal("CN = localhost, O = v2", sub, "after a reload that failed late")
+        replaced[pid] = true
+      end
+      local kids = H.children(srv:pid())
+      assert.truthy(replaced[kids[1]] and replaced[kids[2]],
+        "both workers answered, the replacement too: " .. cjson.encode(kids))
       assert.equal(0, srv:stop())
     end)
   end)

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "lx/lx_embed.h"
 #include "lx/lx_lane.h"
+#include "lx/lx_listen.h"
 #include "lx/lx_modules.h"
 #include "lx/lx_server.h"
 
@@ -565,6 +566,7 @@ static void lx__retire(lx_lane_t *ln) {
 bool lx_lane_reload_root(lx_server_t *srv, char *err, size_t errlen) {
   lx_lane_t *old = srv->lanes[0];
   lx_lane_t *ln = lx_lane_new(srv, 0, true, old->r, err, errlen);
+  lx_shared_reload_end(srv, ln != NULL); /* new certificates, or not */
   if (!ln) return false;
   srv->lanes[0] = ln; /* deliveries from now on go to the new code */
   ln->owns_r = old->owns_r; /* the reactor outlives the old lane */

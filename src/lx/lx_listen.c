@@ -104,11 +104,28 @@ static void lx__shared_close(lx_shared_listener_t *sl) {
   }
   free(sl->worker_fds);
   net_tls_ctx_unref(sl->tls);
+  net_tls_ctx_unref(sl->tls_next);
   if (sl->path && lx_unlink_paths) unlink(sl->path);
   free(sl->path);
   free(sl->key);
   free(sl->svc);
   free(sl);
+}
+
+void lx_shared_reload_end(lx_server_t *srv, bool ok) {
+  pthread_mutex_lock(&srv->listen_lock);
+  for (lx_shared_listener_t *sl = srv->listeners; sl; sl = sl->next) {
+    net_tls_ctx_t *next = sl->tls_next;
+    sl->tls_next = NULL;
+    if (!next) continue;
+    if (ok) {
+      net_tls_ctx_t *old = sl->tls;
+      sl->tls = next;
+      next = old;
+    }
+    net_tls_ctx_unref(next); /* OpenSSL's free takes no lock of ours */
+  }
+  pthread_mutex_unlock(&srv->listen_lock);
 }
 
 void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl) {

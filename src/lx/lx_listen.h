@@ -22,6 +22,9 @@ lx_shared_listener_t *lx_shared_acquire(lx_server_t *srv, const char *key,
                                         const char *host, int port,
                                         const char *path, int backlog,
                                         int *err);
+/* The end of a root reload: its new TLS contexts replace the listeners'
+ * (ok), or are dropped (the script failed). Root thread. */
+void lx_shared_reload_end(lx_server_t *srv, bool ok);
 /* Drops one ref (a service closed, a hand-off done). */
 void lx_shared_release(lx_server_t *srv, lx_shared_listener_t *sl);
 /* Forgets lane `index`'s service `svc` on a shared listener (closing). */

@@ -47,6 +47,7 @@ typedef struct lx_shared_listener {
    * -w N (and again by each reload there), so workers use the
    * certificates the root read and checked (lx_tls.c). */
   struct net_tls_ctx *tls;
+  struct net_tls_ctx *tls_next; /* a root reload's, until it succeeds */
   struct lx_shared_listener *next;
 } lx_shared_listener_t;
 

@@ -108,10 +108,16 @@ net_tls_ctx_t *lx_tls_server(lx_lane_t *ln, lx_shared_listener_t *sl,
   net_tls_ctx_t *ctx =
       net_tls_server_ctx(conf->certs, conf->n, alpn_http, err, errlen);
   net_tls_ctx_t *old = NULL;
-  if (ctx) {
-    old = sl->tls;
+  if (ctx && (!ln->is_root || !sl->tls)) { /* the first: in use at once */
     sl->tls = ctx;
     net_tls_ctx_ref(ctx); /* the caller's */
+  } else if (ctx) {
+    /* a root reload's: workers get it only once the whole script has
+     * loaded (lx_shared_reload_end), so a reload that fails later
+     * changes nothing */
+    old = sl->tls_next;
+    sl->tls_next = ctx;
+    net_tls_ctx_ref(ctx);
   }
   pthread_mutex_unlock(&srv->listen_lock);
   net_tls_ctx_unref(old);
