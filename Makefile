@@ -22,7 +22,7 @@ else
 endif
 CFLAGS  += $(BASE) $(OPT)
 LDFLAGS += $(OPT) -pthread -rdynamic
-LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lcares -lm -ldl
+LDLIBS  += $(LUAJIT_LIBS) -lhiredis -luring -lcares -lssl -lcrypto -lm -ldl
 
 OUT     := build/$(VARIANT)
 # The library below the binding: no Lua in it. The C unit tests link only
@@ -68,7 +68,7 @@ $(BIN): $(LX_OBJS) $(SERVER_OBJS) $(OUT)/src/main.o $(CORE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $(LX_OBJS) $(SERVER_OBJS) $(OUT)/src/main.o $(CORE_LIB) $(LDLIBS)
 
 # C unit tests: the core library only, no LuaJIT.
-CORE_LDLIBS := -lhiredis -luring -lcares -lm -ldl
+CORE_LDLIBS := -lhiredis -luring -lcares -lssl -lcrypto -lm -ldl
 $(OUT)/unit/%: spec/c/%.c $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(CORE_LDLIBS)

@@ -508,6 +508,8 @@ void lx_service_free(lx_service_t *s) {
     lx_shared_detach(ln->srv, s->shared, ln->index, s);
     lx_shared_release(ln->srv, s->shared);
   }
+  /* connections hold their own references to it */
+  net_tls_ctx_unref(s->opts.tls);
   if (s->prev)
     s->prev->next = s->next;
   else

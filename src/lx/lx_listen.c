@@ -17,6 +17,7 @@
 #include "lx/lx_listen.h"
 #include "lx/lx_server.h"
 #include "net/sock.h"
+#include "net/tls.h"
 
 /* ---- shared listening sockets ---- */
 
@@ -102,6 +103,7 @@ static void lx__shared_close(lx_shared_listener_t *sl) {
     close(sl->fd);
   }
   free(sl->worker_fds);
+  net_tls_ctx_unref(sl->tls);
   if (sl->path && lx_unlink_paths) unlink(sl->path);
   free(sl->path);
   free(sl->key);

@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "lx/lx_conn.h"
+#include "lx/lx_tls.h"
 #include "lx/lx_embed.h"
 #include "lx/lx_lane.h"
 #include "lx/lx_listen.h"
@@ -89,6 +90,10 @@ int lx_listen_with(lua_State *L, lx_lane_t *ln,
   else
     snprintf(desc, sizeof(desc), strchr(host, ':') ? "[%s]:%d" : "%s:%d",
              host, port);
+  /* tls: read now (it raises), loaded once the socket is ours */
+  lua_getfield(L, 1, "tls");
+  lx_tls_conf_t *tls = lua_isnil(L, -1) ? NULL : lua_newuserdata(L, sizeof(*tls));
+  if (tls) lx_tls_parse(L, -2, tls, "mp.listen");
   lx_service_t *svc = make(L, ln, 1);
   int err = 0;
   lx_shared_listener_t *sl =
@@ -100,6 +105,16 @@ int lx_listen_with(lua_State *L, lx_lane_t *ln,
                       lx_errmsg(err, buf, sizeof(buf)));
   }
   svc->shared = sl;
+  if (tls && tls->n) {
+    char msg[400];
+    svc->opts.tls = lx_tls_server(ln, sl, tls, svc->ext != NULL, msg,
+                                  sizeof(msg));
+    if (!svc->opts.tls) {
+      lx_service_free(svc);
+      return luaL_error(L, "cannot listen on %s: %s", desc, msg);
+    }
+    if (svc->ext) svc->opts.tls_plain_reply = lx_tls_http_plain_reply;
+  }
   if (ln->is_root) {
     /* The root opens the sockets before it forks; workers serve them. */
     svc->closed = true;

@@ -42,6 +42,11 @@ typedef struct lx_shared_listener {
   int refs;                  /* services using it, and hand-offs in flight */
   struct lx_service **svc;   /* per lane: its service here, or NULL */
   unsigned next_lane;        /* round robin for hand-offs */
+  /* TLS: the context its connections use (one ref), made from the
+   * script's `tls` by the first lane that listens here: in the root of
+   * -w N (and again by each reload there), so workers use the
+   * certificates the root read and checked (lx_tls.c). */
+  struct net_tls_ctx *tls;
   struct lx_shared_listener *next;
 } lx_shared_listener_t;
 

@@ -51,7 +51,18 @@ enum {
   F_PEER_HUP = 1u << 11,    /* the peer shut down: read to EOF */
   F_ZOMBIE = 1u << 12,      /* dead, waiting for hold == 0, on zombie list */
   F_ACCEPTED = 1u << 13,    /* a server connection: counted open (stats) */
+  F_HANDSHAKE = 1u << 14,   /* TLS: the handshake is not done (no on_open) */
+  F_TLS_BYE = 1u << 15,     /* TLS: close_notify is out */
 };
+
+/* Plaintext a TLS connection encrypts per record: a record with its
+ * overhead (22 bytes in TLS 1.3, 29 in 1.2) then fits the write queue's
+ * largest pooled packet (16 KiB), so records never go to malloc. */
+#define REACTOR_TLS_CHUNK ((size_t)16384 - 64)
+/* Plaintext encrypted per step of a flush before the socket is tried. */
+#define REACTOR_TLS_STEP (4 * REACTOR_TLS_CHUNK)
+/* Plaintext one TLS read delivers at most (a few records). */
+#define REACTOR_TLS_PLAIN ((size_t)64 * 1024)
 
 /* Events that wait while the connection is held. */
 enum {
@@ -94,6 +105,13 @@ struct conn {
   net_uring_io_t io;
   mp_timer_t *connect_timer;
   conn_task_t *tasks, *tasks_tail; /* reactor_conn_task, in order */
+  /* TLS (net/tls.h), or NULL. `wq` then holds plaintext and `tls_out` the
+   * records made from it that the socket has not taken yet (the io_uring
+   * batch sends from tls_out); see "TLS" below. */
+  net_tls_t *tls;
+  sock_wq_t tls_out;
+  const char *tls_plain_reply;
+  uint32_t open_timeout_ms; /* timeout_ms once the handshake is done */
 };
 
 struct listener {
@@ -153,6 +171,9 @@ struct reactor {
   void (*stop_hook)(reactor_t *r, void *arg);
   void *stop_arg;
   char *rbuf;
+  /* TLS connections' scratch: decrypted bytes on the way to on_data, and
+   * plaintext gathered into one record. Made with the first of them. */
+  char *tls_plain, *tls_gather;
   /* Writes of connections whose queue was empty wait on uring's send list
    * until the end of the loop iteration, then go out in one system call,
    * and the reads of one epoll_wait are done ahead in one (net/uring.h);
@@ -230,6 +251,8 @@ static void conn__drop_tasks(conn_t *c) {
 
 static void conn__free(conn_t *c) {
   conn__drop_tasks(c);
+  net_tls_free(c->tls);
+  sock_wq_clear(&c->tls_out);
   net_uring_io_deinit(&c->io);
   if (c->flags & F_ZOMBIE) list__unlink(&c->r->zombies, c);
   free(c->connect_timer);
@@ -288,9 +311,14 @@ static void conn__kill(conn_t *c, int reason) {
      * before a close goes to the kernel first, as a direct write would
      * have. */
     net_uring_send_cancel(r->uring, &c->io);
-    if (c->flags & F_OPEN) (void)sock_wq_flush(c->fd, &c->wq);
+    if (c->flags & F_OPEN)
+      (void)sock_wq_flush(c->fd, c->tls ? &c->tls_out : &c->wq);
   }
   if (!(c->flags & F_CLOSING) || reason == CONN_ERROR) c->reason = reason;
+  if ((c->flags & F_HANDSHAKE) && !(c->flags & F_ACCEPTED))
+    c->flags |= F_CONNECTING; /* a client's TLS never opened: on_fail */
+  if ((c->flags & F_HANDSHAKE) && !c->fail_err)
+    c->fail_err = reason == CONN_TIMEOUT ? -ETIMEDOUT : 0;
   if (c->flags & F_CONNECTING) { /* never opened: on_fail, not on_close */
     c->flags |= F_FAILED;
     if (!c->fail_err)
@@ -304,7 +332,8 @@ static void conn__kill(conn_t *c, int reason) {
   /* A close asked for (not a failure, not the peer's EOF) after the queue
    * drained: let the peer read everything. */
   bool graceful = (c->flags & F_CLOSING) && (c->flags & F_OPEN) &&
-                  !c->wq.head && reason != CONN_ERROR && reason != CONN_PEER &&
+                  !c->wq.head && !c->tls_out.head && reason != CONN_ERROR &&
+                  reason != CONN_PEER &&
                   !(c->flags & F_PEER_HUP);
   sock_uuid_close(c->uuid);
   if (graceful) {
@@ -317,6 +346,7 @@ static void conn__kill(conn_t *c, int reason) {
   }
   c->fd = -1;
   sock_wq_clear(&c->wq);
+  sock_wq_clear(&c->tls_out);
   list__unlink(&r->live, c);
   r->nlive--;
   c->flags |= F_ZOMBIE;
@@ -329,8 +359,22 @@ static bool conn__can_read(const conn_t *c) {
          (c->flags & F_OPEN) && c->hold == 0;
 }
 
+static void conn__tls_read(conn_t *c);
+static void conn__flush(conn_t *c);
+
+/* Whether reading has something to do: the socket may hold bytes, or (TLS)
+ * records or decrypted bytes wait already. */
+static bool conn__want_read(const conn_t *c) {
+  return (c->flags & F_READ_PENDING) ||
+         (c->tls && net_tls_has_input(c->tls));
+}
+
 static void conn__read(conn_t *c) {
   reactor_t *r = c->r;
+  if (c->tls) {
+    conn__tls_read(c);
+    return;
+  }
   for (int round = 0; round < 16; round++) {
     if (!(c->flags & F_READ_PENDING) || !conn__can_read(c)) return;
     const char *buf = r->rbuf;
@@ -396,6 +440,9 @@ static void conn__finish(conn_t *c) {
     if (c->flags & F_ACCEPTED) stats_add(c->r->stats, STAT_CONN_CLOSED, 1);
     if (c->flags & F_FAILED) {
       if (c->proto->on_fail) c->proto->on_fail(c, c->fail_err);
+    } else if ((c->flags & F_HANDSHAKE) && (c->flags & F_ACCEPTED)) {
+      /* a TLS client that never finished its handshake: the protocol
+       * never saw it (on_open did not run), so it hears nothing now */
     } else if (c->proto->on_close) {
       c->proto->on_close(c, c->reason);
     }
@@ -438,7 +485,7 @@ static void conn__process(conn_t *c) {
       if (c->proto->on_ready) conn__call(c, c->proto->on_ready);
     } else if (p & P_TIMEOUT) {
       p &= ~P_TIMEOUT;
-      if (c->flags & F_CLOSING)
+      if (c->flags & (F_CLOSING | F_HANDSHAKE))
         conn__kill(c, CONN_TIMEOUT);
       else if (c->proto->on_timeout)
         conn__call(c, c->proto->on_timeout);
@@ -491,10 +538,11 @@ static void conn__after_queue(conn_t *c) {
  * ends at half the limit; once the queue is empty (`drained`) a close
  * asked for completes, or on_ready is due. */
 static void conn__wrote(conn_t *c, bool drained) {
-  c->last_active = c->r->now;
+  /* A handshake has its whole limit, however the bytes trickle. */
+  if (!(c->flags & F_HANDSHAKE)) c->last_active = c->r->now;
   if ((c->flags & F_BP) && c->wq.bytes <= c->write_limit / 2) {
     c->flags &= ~F_BP;
-    if (c->flags & F_READ_PENDING) conn__enqueue(c, P_READ);
+    if (conn__want_read(c)) conn__enqueue(c, P_READ);
   }
   if (!drained) return;
   if (c->flags & F_CLOSING) {
@@ -507,8 +555,14 @@ static void conn__wrote(conn_t *c, bool drained) {
   }
 }
 
+static void conn__tls_flush(conn_t *c);
+
 static void conn__flush(conn_t *c) {
   if (c->flags & F_DEAD) return;
+  if (c->tls) {
+    conn__tls_flush(c);
+    return;
+  }
   if (c->wq.bytes == 0 && !c->wq.head) {
     if (c->flags & F_CLOSING) conn__kill(c, c->reason);
     return;
@@ -521,9 +575,14 @@ static void conn__flush(conn_t *c) {
   conn__wrote(c, rc == 0);
 }
 
+static int conn__tls_write(conn_t *c, const char *p, size_t len,
+                           sock_release_fn release, void *ctx, void *ctx2);
+
 static int conn__write(conn_t *c, const void *data, size_t len,
                        sock_release_fn release, void *ctx, void *ctx2) {
   int rc;
+  if (c->tls && !(c->flags & (F_DEAD | F_CLOSING)))
+    return conn__tls_write(c, data, len, release, ctx, ctx2);
   if (c->flags & (F_DEAD | F_CLOSING)) {
     rc = -EPIPE;
     goto fail;
@@ -608,6 +667,8 @@ int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len) {
     return c->flags & (F_DEAD | F_CLOSING) ? -EPIPE : -ENOBUFS;
   }
   bool was_empty = c->wq.head == NULL;
+  /* TLS: no kTLS here (net_tls_kernel_available), so the file is read and
+   * encrypted as the flush reaches it (conn__tls_encrypt). */
   int rc = sock_wq_push_file(&c->wq, file_fd, offset, len);
   if (rc) return rc;
   stats_add(c->r->stats, STAT_BYTES_OUT, len);
@@ -616,7 +677,9 @@ int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len) {
   return 0;
 }
 
-size_t reactor_conn_pending(const conn_t *c) { return c->wq.bytes; }
+size_t reactor_conn_pending(const conn_t *c) {
+  return c->wq.bytes + c->tls_out.bytes;
+}
 
 bool reactor_conn_congested(const conn_t *c) { return c->flags & F_BP; }
 
@@ -628,6 +691,14 @@ void reactor_conn_close(conn_t *c, int reason) {
   }
   c->flags |= F_CLOSING;
   c->reason = reason;
+  if (c->tls && (c->flags & F_HANDSHAKE)) { /* nothing to say goodbye to */
+    conn__kill(c, reason);
+    return;
+  }
+  if (c->tls) { /* the plaintext queue, then close_notify, then the close */
+    if (!c->wq.head) conn__flush(c);
+    return;
+  }
   if (!c->wq.head) conn__kill(c, reason);
 }
 
@@ -641,7 +712,7 @@ void reactor_conn_pause(conn_t *c) { c->flags |= F_PAUSED; }
 void reactor_conn_resume(conn_t *c) {
   if (!(c->flags & F_PAUSED)) return;
   c->flags &= ~F_PAUSED;
-  if (c->flags & F_READ_PENDING) conn__enqueue(c, P_READ);
+  if (conn__want_read(c)) conn__enqueue(c, P_READ);
 }
 
 void reactor_conn_hold(conn_t *c) {
@@ -652,8 +723,8 @@ void reactor_conn_hold(conn_t *c) {
 void reactor_conn_release(conn_t *c) {
   reactor_unref(c->r);
   if (--c->hold > 0) return;
-  if ((c->flags & F_DEAD) || c->pend || (c->flags & F_READ_PENDING))
-    conn__enqueue(c, (c->flags & F_READ_PENDING) ? P_READ : 0);
+  if ((c->flags & F_DEAD) || c->pend || conn__want_read(c))
+    conn__enqueue(c, conn__want_read(c) ? P_READ : 0);
 }
 
 bool reactor_conn_busy(const conn_t *c) { return c->hold > 0 || c->tasks; }
@@ -702,6 +773,327 @@ conn_t *reactor_conn_find(reactor_t *r, sock_uuid_t uuid) {
   return c && !(c->flags & F_DEAD) ? c : NULL;
 }
 
+/* ---- TLS (net/tls.h) ----
+ *
+ * A TLS connection's write queue `wq` holds plaintext, exactly as a plain
+ * connection's holds what goes on the wire, so back pressure, max_queue,
+ * on_ready and a graceful close mean the same over TLS. Plaintext is
+ * encrypted when it goes out: at once when nothing waits (the records go
+ * to the socket, or on the io_uring batch, from `tls_out`), else by the
+ * flush, which turns at most REACTOR_TLS_STEP of the queue into records
+ * each time the socket has room. So the records that wait in memory are
+ * bounded by one step whatever was queued, and bytes are encrypted in the
+ * order they go on the wire (a record's sequence number is its place in
+ * the stream: nothing queued may be encrypted ahead of what waits). A
+ * file in the queue is read and encrypted by the same flush (no kTLS). */
+
+/* Records from OpenSSL (the handshake's, or conn__tls_put's). */
+static int conn__tls_out(void *arg, const void *data, size_t len) {
+  conn_t *c = arg;
+  if (c->flags & F_DEAD) return -EPIPE;
+  return sock_wq_push_copy(&c->tls_out, data, len);
+}
+
+static int conn__tls_init(conn_t *c, conn_opts_t opts) {
+  reactor_t *r = c->r;
+  if (!r->tls_plain) {
+    r->tls_plain = malloc(REACTOR_TLS_PLAIN);
+    r->tls_gather = malloc(REACTOR_TLS_CHUNK);
+    if (!r->tls_plain || !r->tls_gather) return -ENOMEM;
+  }
+  c->tls = net_tls_new(opts.tls, opts.tls_host, conn__tls_out, c);
+  if (!c->tls) return -ENOMEM;
+  c->tls_plain_reply = opts.tls_plain_reply;
+  c->flags |= F_HANDSHAKE;
+  c->open_timeout_ms = c->timeout_ms;
+  if (!c->timeout_ms) c->timeout_ms = REACTOR_HANDSHAKE_MS;
+  /* the io_uring batch sends records, not the plaintext */
+  net_uring_io_init(&c->io, c->fd, &c->tls_out);
+  return 0;
+}
+
+/* Turns up to REACTOR_TLS_STEP bytes from the head of the plaintext queue
+ * into records. Small pieces (pipelined answers, frames) are gathered into
+ * one record. 0 or a negative errno. */
+static int conn__tls_encrypt(conn_t *c) {
+  reactor_t *r = c->r;
+  size_t done = 0;
+  while (done < REACTOR_TLS_STEP && c->wq.head) {
+    struct iovec iov[16];
+    int cnt = sock_wq_iov(&c->wq, iov, 16, NULL);
+    size_t n;
+    if (cnt == 0) { /* a file */
+      ssize_t got = sock_wq_read_file(&c->wq, r->tls_gather, REACTOR_TLS_CHUNK);
+      if (got < 0) return (int)got;
+      if (net_tls_write(c->tls, r->tls_gather, (size_t)got)) return -EPROTO;
+      n = (size_t)got;
+    } else if (cnt == 1 || iov[0].iov_len >= REACTOR_TLS_CHUNK / 2) {
+      n = iov[0].iov_len < REACTOR_TLS_CHUNK ? iov[0].iov_len
+                                             : REACTOR_TLS_CHUNK;
+      if (net_tls_write(c->tls, iov[0].iov_base, n)) return -EPROTO;
+      sock_wq_consume(&c->wq, n);
+    } else {
+      n = 0;
+      for (int i = 0; i < cnt && n < REACTOR_TLS_CHUNK; i++) {
+        size_t k = iov[i].iov_len;
+        if (k > REACTOR_TLS_CHUNK - n) k = REACTOR_TLS_CHUNK - n;
+        memcpy(r->tls_gather + n, iov[i].iov_base, k);
+        n += k;
+      }
+      if (net_tls_write(c->tls, r->tls_gather, n)) return -EPROTO;
+      sock_wq_consume(&c->wq, n);
+    }
+    done += n;
+  }
+  return 0;
+}
+
+static void conn__tls_flush(conn_t *c) {
+  if (c->flags & F_DEAD) return;
+  /* Written here and now: whatever waited for the batch goes first. */
+  if (net_uring_queued(&c->io)) net_uring_send_cancel(c->r->uring, &c->io);
+  bool open = net_tls_open(c->tls);
+  for (;;) {
+    if (c->tls_out.head) {
+      int rc = sock_wq_flush(c->fd, &c->tls_out);
+      if (rc < 0) {
+        conn__kill(c, rc == -ECONNRESET || rc == -EPIPE ? CONN_PEER
+                                                         : CONN_ERROR);
+        return;
+      }
+      if (rc == 1) { /* the socket is full: a write event resumes */
+        if (!(c->flags & F_HANDSHAKE)) conn__wrote(c, false);
+        return;
+      }
+    }
+    if (open && c->wq.head) {
+      if (conn__tls_encrypt(c)) {
+        conn__kill(c, CONN_ERROR);
+        return;
+      }
+      continue;
+    }
+    if (open && (c->flags & F_CLOSING) && !(c->flags & F_TLS_BYE)) {
+      c->flags |= F_TLS_BYE;
+      net_tls_close_notify(c->tls);
+      if (c->tls_out.head) continue;
+    }
+    break;
+  }
+  if (open || (c->flags & F_CLOSING)) conn__wrote(c, !c->wq.head);
+}
+
+/* A write of plaintext (conn__write's TLS half). */
+static int conn__tls_write(conn_t *c, const char *p, size_t len,
+                           sock_release_fn release, void *ctx, void *ctx2) {
+  int rc;
+  reactor_t *r = c->r;
+  if (c->wq.bytes >= c->max_queue) {
+    rc = -ENOBUFS;
+    goto fail;
+  }
+  stats_add(r->stats, STAT_BYTES_OUT, len);
+  if (net_tls_open(c->tls) && !c->wq.head) {
+    /* Nothing waits: encrypt now. A small write joins the batch of the
+     * loop iteration (io_uring), as a plain connection's does. */
+    if (r->uring && len <= NET_URING_SEND_MAX &&
+        c->tls_out.bytes + len <= NET_URING_SEND_MAX &&
+        (net_uring_queued(&c->io) || !c->tls_out.head)) {
+      if (net_tls_write(c->tls, p, len)) goto broken;
+      net_uring_send_later(r->uring, &c->io);
+      if (release) release(ctx, ctx2);
+      return 0;
+    }
+    if (c->tls_out.head) conn__tls_flush(c); /* what waited goes first */
+    while (len > 0 && !c->tls_out.head && !(c->flags & F_DEAD)) {
+      size_t n = len < REACTOR_TLS_CHUNK ? len : REACTOR_TLS_CHUNK;
+      if (net_tls_write(c->tls, p, n)) goto broken;
+      p += n;
+      len -= n;
+      int w = sock_wq_flush(c->fd, &c->tls_out);
+      if (w < 0) {
+        conn__kill(c, w == -ECONNRESET || w == -EPIPE ? CONN_PEER
+                                                       : CONN_ERROR);
+        rc = -EPIPE;
+        goto fail;
+      }
+    }
+    if (c->flags & F_DEAD) {
+      rc = -EPIPE;
+      goto fail;
+    }
+    if (!(c->flags & F_HANDSHAKE)) c->last_active = r->now;
+    if (len == 0) {
+      if (release) release(ctx, ctx2);
+      return 0;
+    }
+  }
+  /* The rest waits as plaintext (the socket is full, something waits
+   * already, or the handshake is not done). */
+  rc = release ? sock_wq_push_ref(&c->wq, p, len, release, ctx, ctx2)
+               : sock_wq_push_copy(&c->wq, p, len);
+  if (rc) return rc; /* the push released the reference */
+  conn__after_queue(c);
+  return 0;
+broken:
+  conn__kill(c, CONN_ERROR);
+  rc = -EPIPE;
+fail:
+  if (release) release(ctx, ctx2);
+  return rc;
+}
+
+/* The handshake is done: on_open (from the pending list, before any
+ * plaintext), and what was written before goes out. */
+static void conn__tls_opened(conn_t *c) {
+  c->flags &= ~F_HANDSHAKE;
+  if (c->connect_timer) timer_stop(&c->r->timers, c->connect_timer);
+  c->timeout_ms = c->open_timeout_ms;
+  c->last_active = c->r->now;
+  conn__enqueue(c, P_OPEN);
+  conn__tls_flush(c);
+}
+
+static void conn__tls_failed(conn_t *c, ssize_t why) {
+  if (why == NET_TLS_PLAIN && c->tls_plain_reply) {
+    /* A plain request to a TLS port: say so, in plaintext, then close
+     * gracefully so the client reads it. */
+    sock_wq_clear(&c->tls_out);
+    if (sock_wq_push_copy(&c->tls_out, c->tls_plain_reply,
+                          strlen(c->tls_plain_reply)) == 0) {
+      c->flags |= F_CLOSING;
+      c->reason = CONN_LOCAL;
+      conn__tls_flush(c);
+      return;
+    }
+  }
+  if (c->flags & F_HANDSHAKE) c->fail_err = -EPROTO;
+  /* A failed handshake's alert, if OpenSSL made one, goes out first. */
+  if (c->tls_out.head) (void)sock_wq_flush(c->fd, &c->tls_out);
+  conn__kill(c, CONN_ERROR);
+}
+
+/* conn__read's TLS half: raw bytes from the socket (or the batch's read
+ * ahead) go into the record layer; the handshake runs there, and
+ * decrypted bytes come out to on_data a few records at a time. */
+static void conn__tls_read(conn_t *c) {
+  reactor_t *r = c->r;
+  for (int round = 0; round < 16; round++) {
+    /* (a handshake goes on while the protocol, not opened yet, would
+     * have paused reading) */
+    if (!conn__can_read(c) &&
+        !((c->flags & F_HANDSHAKE) && c->hold == 0 &&
+          !(c->flags & (F_DEAD | F_CONNECTING | F_CLOSING))))
+      return;
+    /* What the record layer holds already. */
+    size_t got = 0;
+    ssize_t n = 0;
+    while (got + 16384 <= REACTOR_TLS_PLAIN) {
+      n = net_tls_read(c->tls, r->tls_plain + got, REACTOR_TLS_PLAIN - got);
+      if (n <= 0) break;
+      got += (size_t)n;
+    }
+    if (c->tls_out.head && !net_uring_queued(&c->io) &&
+        !(c->flags & F_DEAD)) {
+      /* the handshake's messages, a ticket, an alert (an answer on the
+       * batch list stays there) */
+      conn__tls_flush(c);
+      if (c->flags & F_DEAD) return;
+    }
+    if (got > 0) {
+      if (net_tls_stash(c->tls)) { /* the rest must outlive r->rbuf */
+        conn__kill(c, CONN_ERROR);
+        return;
+      }
+      c->last_active = r->now;
+      if (c->proto->on_data) {
+        c->hold++;
+        c->proto->on_data(c, r->tls_plain, got);
+        if (--c->hold > 0) return; /* suspended: release re-queues reading */
+        if (c->tasks) {
+          conn__enqueue(c, P_TASK);
+          return;
+        }
+      }
+      if (n > 0 || n == NET_TLS_WANT) continue; /* more may wait */
+    }
+    if (n == NET_TLS_OPENED) {
+      if (net_tls_stash(c->tls)) {
+        conn__kill(c, CONN_ERROR);
+        return;
+      }
+      conn__tls_opened(c); /* reading goes on after on_open */
+      return;
+    }
+    if (n == NET_TLS_EOF) {
+      reactor_conn_close(c, CONN_PEER);
+      return;
+    }
+    if (n < 0) {
+      conn__tls_failed(c, n);
+      return;
+    }
+    if (net_tls_stash(c->tls)) {
+      conn__kill(c, CONN_ERROR);
+      return;
+    }
+    /* NET_TLS_WANT: more bytes from the socket. */
+    if (!(c->flags & F_READ_PENDING)) return;
+    const char *buf = r->rbuf;
+    size_t cap = REACTOR_READ_CHUNK;
+    char *own = NULL;
+    ssize_t k;
+    if (net_uring_read_ready(&c->io)) {
+      cap = NET_URING_READ_SIZE;
+      k = net_uring_read_take(&c->io, &buf, &own);
+      if (k < 0) errno = (int)-k, k = -1;
+    } else {
+      k = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
+    }
+    if (k > 0) {
+      if (!(c->flags & F_HANDSHAKE)) c->last_active = r->now;
+      if ((size_t)k < cap && !(c->flags & F_PEER_HUP))
+        c->flags &= ~F_READ_PENDING;
+      stats_add(r->stats, STAT_BYTES_IN, (uint64_t)k);
+      net_tls_feed(c->tls, buf, (size_t)k);
+      if (own) { /* the batch's buffer goes now */
+        int e = net_tls_stash(c->tls);
+        free(own);
+        if (e) {
+          conn__kill(c, CONN_ERROR);
+          return;
+        }
+      }
+      continue;
+    }
+    free(own);
+    if (k == 0) {
+      c->flags &= ~F_READ_PENDING;
+      reactor_conn_close(c, CONN_PEER);
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      c->flags &= ~F_READ_PENDING;
+      return;
+    }
+    conn__kill(c, errno == ECONNRESET ? CONN_PEER : CONN_ERROR);
+    return;
+  }
+  conn__enqueue(c, P_READ); /* more to read: let others have a turn first */
+}
+
+bool reactor_conn_tls(const conn_t *c, net_tls_info_t *info) {
+  if (!c->tls) return false;
+  if (info) net_tls_info(c->tls, info);
+  return true;
+}
+
+const char *reactor_conn_tls_error(const conn_t *c) {
+  if (!c->tls) return NULL;
+  return net_tls_has_failed(c->tls) ? net_tls_error(c->tls) : NULL;
+}
+
 /* ---- connections come into being ---- */
 
 static conn_t *conn__new(reactor_t *r, int fd, const proto_t *proto,
@@ -720,9 +1112,16 @@ static conn_t *conn__new(reactor_t *r, int fd, const proto_t *proto,
   c->max_queue = opts.max_queue ? opts.max_queue : REACTOR_DEFAULT_MAX_QUEUE;
   c->last_active = r->now;
   sock_wq_init_pooled(&c->wq, &r->pool);
+  sock_wq_init_pooled(&c->tls_out, &r->pool);
   net_uring_io_init(&c->io, fd, &c->wq);
+  if (opts.tls && conn__tls_init(c, opts)) {
+    free(c);
+    errno = ENOMEM;
+    return NULL;
+  }
   c->uuid = sock_uuid_open(fd, r->index, c);
   if (!c->uuid) {
+    net_tls_free(c->tls);
     free(c);
     errno = EMFILE;
     return NULL;
@@ -732,6 +1131,7 @@ static conn_t *conn__new(reactor_t *r, int fd, const proto_t *proto,
   if (poll_add(r->poller, fd, c, POLL_READ | POLL_WRITE | POLL_EDGE)) {
     int e = errno;
     sock_uuid_close(c->uuid);
+    net_tls_free(c->tls);
     free(c);
     errno = e;
     return NULL;
@@ -786,7 +1186,8 @@ void reactor_adopt(reactor_t *r, int fd, const proto_t *proto, void *service,
     return;
   }
   stats_add(r->stats, STAT_CONN_ACCEPTED, 1);
-  if (proto->on_open) conn__call(c, proto->on_open);
+  /* TLS: on_open once the handshake is done (conn__tls_read) */
+  if (proto->on_open && !c->tls) conn__call(c, proto->on_open);
   if (c->flags & F_DEAD) conn__enqueue(c, 0);
 }
 
@@ -907,13 +1308,15 @@ int reactor_listener_fd(const listener_t *l) { return l->fd; }
 
 static void conn__connect_timeout(mp_timer_t *t) {
   conn_t *c = t->udata;
-  if (!(c->flags & F_CONNECTING)) return;
+  if (!(c->flags & (F_CONNECTING | F_HANDSHAKE))) return;
   c->fail_err = -ETIMEDOUT;
   conn__kill(c, CONN_ERROR);
 }
 
 static void conn__connected(conn_t *c, int err) {
-  if (c->connect_timer) timer_stop(&c->r->timers, c->connect_timer);
+  /* TLS: the connect timeout covers the handshake too */
+  if (c->connect_timer && (err || !c->tls))
+    timer_stop(&c->r->timers, c->connect_timer);
   if (err) {
     c->fail_err = err;
     conn__kill(c, CONN_ERROR);
@@ -922,6 +1325,10 @@ static void conn__connected(conn_t *c, int err) {
   c->flags &= ~F_CONNECTING;
   c->flags |= F_OPEN | F_READ_PENDING;
   c->last_active = c->r->now;
+  if (c->tls) { /* the ClientHello; on_open comes with the server's answer */
+    conn__tls_read(c);
+    return;
+  }
   conn__enqueue(c, P_OPEN);
   conn__flush(c);
 }
@@ -1049,6 +1456,8 @@ void reactor_free(reactor_t *r) {
   poll_free(r->poller);
   net_uring_free(r->uring);
   free(r->rbuf);
+  free(r->tls_plain);
+  free(r->tls_gather);
   sock_pool_deinit(&r->pool);
   free(r);
 }
@@ -1200,15 +1609,27 @@ static void batch__done(void *tag, int res, void *arg) {
   conn_t *c = conn__of(io);
   (void)arg;
   if (c->flags & F_DEAD) return;
+  sock_wq_t *q = io->wq; /* a TLS connection's records, else c->wq */
   if (res == NET_URING_DIRECT) { /* a file first, or the ring was full */
-    if (c->wq.head) conn__flush(c);
+    if (q->head || c->wq.head) conn__flush(c);
     return;
   }
   if (res < 0 && res != -EAGAIN && res != -EINTR) {
     conn__kill(c, res == -ECONNRESET || res == -EPIPE ? CONN_PEER : CONN_ERROR);
     return;
   }
-  if (res > 0) sock_wq_consume(&c->wq, (size_t)res);
+  if (res > 0) sock_wq_consume(q, (size_t)res);
+  if (c->tls) { /* more plaintext to encrypt, or close_notify */
+    if (q->head && res >= 0 && (size_t)res < io->sent) {
+      conn__after_queue(c); /* the socket is full: a write event resumes */
+      return;
+    }
+    if (q->head || c->wq.head || (c->flags & F_CLOSING))
+      conn__flush(c);
+    else
+      conn__wrote(c, true);
+    return;
+  }
   if (c->wq.head) {
     /* A full socket brings a write event once it drains; anything else
      * left (more pieces than one send carries, a file) goes out now. */

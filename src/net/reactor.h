@@ -19,6 +19,7 @@
 #include "core/stats.h"
 #include "core/timer.h"
 #include "net/sock.h"
+#include "net/tls.h"
 
 typedef struct reactor reactor_t;
 typedef struct conn conn_t;
@@ -56,7 +57,22 @@ typedef struct {
   uint32_t timeout_ms;  /* idle limit, 0 = none */
   size_t write_limit;   /* queue bytes before reading pauses; 0 = default */
   size_t max_queue;     /* queue bytes past which writes fail; 0 = default */
+  /* TLS (net/tls.h): a server context on a listener, a client context on
+   * reactor_connect. The connection then opens (on_open) once the
+   * handshake is done, within timeout_ms (or REACTOR_HANDSHAKE_MS when
+   * that is 0) of the accept or the connect, bytes or not; its queue holds
+   * plaintext and is encrypted as it goes out. A server connection whose
+   * handshake fails closes without a callback; a client's gets on_fail
+   * with -EPROTO (reactor_conn_tls_error says why) or -ETIMEDOUT. */
+  net_tls_ctx_t *tls;
+  const char *tls_host;  /* client: SNI and the name verified (copied) */
+  /* server: written, unencrypted, to a client that sends plaintext where a
+   * ClientHello goes (a plain HTTP request on an HTTPS port), before the
+   * close; NULL closes at once. Must outlive the listener. */
+  const char *tls_plain_reply;
 } conn_opts_t;
+
+#define REACTOR_HANDSHAKE_MS 10000
 
 #define REACTOR_DEFAULT_WRITE_LIMIT ((size_t)1 << 20)
 #define REACTOR_DEFAULT_MAX_QUEUE ((size_t)16 << 20)
@@ -223,6 +239,13 @@ int reactor_conn_write_ref(conn_t *c, const void *data, size_t len,
  * in every case: on failure it is closed before the return. 0, -EPIPE,
  * -ENOBUFS or -ENOMEM as above. */
 int reactor_conn_sendfile(conn_t *c, int file_fd, off_t offset, size_t len);
+/* TLS: whether `c` is encrypted; if so and `info` is not NULL, fills it
+ * (net/tls.h; the strings live as long as the connection). */
+bool reactor_conn_tls(const conn_t *c, net_tls_info_t *info);
+/* Why a TLS connection failed (the handshake, a bad record), as one line,
+ * or NULL when it did not. Valid in on_fail and on_close. */
+const char *reactor_conn_tls_error(const conn_t *c);
+
 /* Bytes queued and not yet written. */
 size_t reactor_conn_pending(const conn_t *c);
 /* Whether the queue is past write_limit (back pressure: reading stops

@@ -582,6 +582,22 @@ void sock_wq_consume(sock_wq_t *wq, size_t n) {
   }
 }
 
+ssize_t sock_wq_read_file(sock_wq_t *wq, void *buf, size_t cap) {
+  sock_packet_t *p = wq->head;
+  if (!p || p->kind != PKT_FILE) return 0;
+  size_t want = p->len - p->off;
+  if (want > cap) want = cap;
+  ssize_t n;
+  do
+    n = pread(p->u.file.fd, buf, want, p->u.file.pos);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  if (n == 0) return -EIO; /* the file shrank under us */
+  p->u.file.pos += n;
+  sock_wq_consume(wq, (size_t)n);
+  return n;
+}
+
 /* Writes runs of memory packets with one writev; files with sendfile. */
 int sock_wq_flush(int fd, sock_wq_t *wq) {
   while (wq->head) {

@@ -157,6 +157,11 @@ int sock_wq_flush(int fd, sock_wq_t *wq);
  * most `max`) as an iovec; `*total` (if not NULL) gets their bytes. */
 int sock_wq_iov(const sock_wq_t *wq, struct iovec *iov, int max,
                 size_t *total);
+/* For a queue whose bytes are transformed before they go out (TLS): when
+ * the head is a file, reads up to `cap` of its bytes into buf and drops
+ * them from the queue. The count, 0 when the head is not a file, or a
+ * negative errno (-EIO when the file ended early). */
+ssize_t sock_wq_read_file(sock_wq_t *wq, void *buf, size_t cap);
 /* Drops the first `n` bytes, written elsewhere (at most the memory packets
  * sock_wq_iov described). */
 void sock_wq_consume(sock_wq_t *wq, size_t n);

@@ -14,6 +14,7 @@
 
 #include "cluster/cluster.h"
 #include "core/log.h"
+#include "net/tls.h"
 #include "core/notify.h"
 #include "core/stats.h"
 #include "net/sock.h"
@@ -208,6 +209,11 @@ int server_main(const server_opts_t *o) {
 
   if ((rc = sock_init())) {
     log_error("cannot start: %s", strerror(-rc));
+    return 1;
+  }
+  /* Before any fork: every worker derives the same ticket keys. */
+  if ((rc = net_tls_global_init())) {
+    log_error("cannot start: OpenSSL: %s", strerror(-rc));
     return 1;
   }
   static lx_server_t srv; /* the lanes point at it until the process ends */
