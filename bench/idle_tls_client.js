@@ -55,7 +55,11 @@ function open() {
     } else {
       sock = tls.connect({
         host: '127.0.0.1', port, ca, rejectUnauthorized: !!ca, minVersion: 'TLSv1.3',
-      }, () => (kind === 'tls' ? resolve(sock) : ask()));
+      }, () => {
+        if (kind !== 'tls') return ask();
+        sock.setTimeout(0);
+        return resolve(sock);
+      });
     }
     sock.setTimeout(20000, () => fail(new Error('timeout')));
     sock.on('error', fail);
