@@ -96,6 +96,8 @@ test-unit: $(UNIT)
 	@set -e; for t in $(UNIT); do echo "== $$t"; $$t; done
 	@echo "== $(OUT)/unit/test_reactor, with MOONPORT_IO_URING=0 (direct reads and writes)"
 	@MOONPORT_IO_URING=0 $(OUT)/unit/test_reactor
+	@echo "== $(OUT)/unit/test_tls, with MOONPORT_IO_URING=0"
+	@MOONPORT_IO_URING=0 $(OUT)/unit/test_tls
 
 # The specs of the plain socket and HTTP paths with MOONPORT_IO_URING=0: the
 # reactor's direct-call path, used where io_uring is unavailable.
@@ -184,15 +186,18 @@ FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS  := -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc $(WARN) \
                 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
                 -fno-sanitize-recover=undefined
-FUZZ_BINS    := build/fuzz/fuzz_http1 build/fuzz/fuzz_ws build/fuzz/fuzz_http1_response
+FUZZ_BINS    := build/fuzz/fuzz_http1 build/fuzz/fuzz_ws build/fuzz/fuzz_http1_response \
+                build/fuzz/fuzz_tls
 
 build/fuzz/fuzz_http1: fuzz/fuzz_http1.c fuzz/fuzz_check.h src/http/http1.c src/http/http1.h src/http/http1_lex.h
 build/fuzz/fuzz_ws: fuzz/fuzz_ws.c fuzz/fuzz_check.h src/http/ws.c src/http/ws.h
+build/fuzz/fuzz_tls: LDLIBS_FUZZ := -lssl -lcrypto -lpthread
+build/fuzz/fuzz_tls: fuzz/fuzz_tls.c fuzz/fuzz_check.h src/net/tls.c src/net/tls.h
 build/fuzz/fuzz_http1_response: fuzz/fuzz_http1_response.c fuzz/fuzz_check.h \
   src/http/http1_response.c src/http/http1_response.h src/http/http1.c src/http/http1.h src/http/http1_lex.h
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS_FUZZ)
 
 fuzz-build: $(FUZZ_BINS)
 

@@ -464,7 +464,7 @@ static void conn__process(conn_t *c) {
     } else if (p & P_SHUTDOWN) {
       p = (p & ~P_SHUTDOWN) | P_SHUTCLOSE;
       if (c->proto->on_shutdown && (c->flags & F_OPEN) &&
-          reactor_conn_is_open(c))
+          !(c->flags & F_HANDSHAKE) && reactor_conn_is_open(c))
         conn__call(c, c->proto->on_shutdown);
     } else if (p & P_SHUTCLOSE) {
       p &= ~P_SHUTCLOSE;
@@ -900,7 +900,9 @@ static int conn__tls_write(conn_t *c, const char *p, size_t len,
         c->tls_out.bytes + len <= NET_URING_SEND_MAX &&
         (net_uring_queued(&c->io) || !c->tls_out.head)) {
       if (net_tls_write(c->tls, p, len)) goto broken;
-      net_uring_send_later(r->uring, &c->io);
+      /* (a second small write of the iteration joins the records already
+       * on the batch: io must not be put on the list twice) */
+      if (!net_uring_queued(&c->io)) net_uring_send_later(r->uring, &c->io);
       if (release) release(ctx, ctx2);
       return 0;
     }
@@ -1756,7 +1758,9 @@ static void reactor__each_run(void *task, void *reactor) {
   reactor_t *r = reactor;
   for (conn_t *c = r->live, *next; c; c = next) {
     next = c->next;
-    if (c->service == t->service && !(c->flags & F_DEAD)) t->fn(c, t->a);
+    /* (a TLS connection still in its handshake is not the protocol's yet) */
+    if (c->service == t->service && !(c->flags & (F_DEAD | F_HANDSHAKE)))
+      t->fn(c, t->a);
   }
   free(t);
 }
