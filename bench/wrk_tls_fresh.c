@@ -10,6 +10,7 @@
  *
  * Environment:
  *   WRK_TLS_FRESH=1      drop the session on reconnect (else only count)
+ *   WRK_TLS_SUITES=LIST  the TLS 1.3 cipher suites to offer (SSL_set_ciphersuites)
  *   WRK_TLS_REPORT=FILE  at exit, append one line to FILE:
  *     "tls_handshakes full=N resumed=N version=TLSv1.3 cipher=NAME group=NAME"
  *     (the version, cipher and key-exchange group of the last handshake)
@@ -23,6 +24,23 @@
 #include <openssl/objects.h>
 
 static long n_full, n_resumed;
+
+/* WRK_TLS_SUITES: the only TLS 1.3 cipher suites wrk offers, so every
+ * server negotiates the same one whatever its own preference order */
+SSL *SSL_new(SSL_CTX *ctx)
+{
+	static SSL *(*real)(SSL_CTX *);
+	if (!real)
+		real = (SSL *(*)(SSL_CTX *))dlsym(RTLD_NEXT, "SSL_new");
+	SSL *s = real(ctx);
+	const char *suites = getenv("WRK_TLS_SUITES");
+	if (s && suites && *suites && SSL_set_ciphersuites(s, suites) != 1) {
+		fprintf(stderr, "wrk_tls_fresh: bad WRK_TLS_SUITES '%s'\n", suites);
+		SSL_free(s);
+		return NULL;
+	}
+	return s;
+}
 static char last_version[32], last_cipher[64], last_group[32];
 
 int SSL_clear(SSL *s)
