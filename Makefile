@@ -128,6 +128,8 @@ bench: all
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
 	@bash scripts/bench-reload   # errors clients see through 100 reloads, against nginx
 	@bash scripts/bench-idle     # bytes per idle TCP, HTTP and WebSocket connection
+	@bash scripts/bench-tls      # HTTPS keep-alive and full handshakes against nginx (C, Lua) and node
+	@bash scripts/bench-tls-idle # bytes per idle TLS connection against plain and nginx ssl
 	@bash scripts/bench-proxy    # mp.fetch as a proxy against nginx proxy_pass and a Node keep-alive Agent
 
 run: setup
