@@ -113,6 +113,28 @@ static void tls__derive(const char *label, uint64_t period,
        out, &outlen);
 }
 
+/* A period's ticket keys, derived once per period and thread (three
+ * HMACs, each a trip through OpenSSL 3's fetching, were a few per cent of
+ * a handshake): the current and the last period's. */
+typedef struct {
+  uint64_t period;
+  bool set;
+  unsigned char name[32], aes[32], mac[32];
+} tls_keys_t;
+static __thread tls_keys_t tls_keys[2];
+
+static const tls_keys_t *tls__keys(uint64_t period) {
+  tls_keys_t *k = &tls_keys[period & 1];
+  if (!k->set || k->period != period) {
+    tls__derive("moonport name", period, k->name);
+    tls__derive("moonport aes", period, k->aes);
+    tls__derive("moonport mac", period, k->mac);
+    k->period = period;
+    k->set = true;
+  }
+  return k;
+}
+
 /* Session tickets: encrypted with this period's key, taken with this
  * period's or the last one's, and every resumption gets a new one. The key
  * name says which period made it. */
@@ -121,30 +143,26 @@ static int tls__ticket_cb(SSL *s, unsigned char key_name[16],
                           EVP_MAC_CTX *hctx, int enc) {
   (void)s;
   uint64_t now = (uint64_t)time(NULL) / NET_TLS_TICKET_PERIOD;
-  uint64_t period = now;
-  unsigned char name[32], aes[32], mac[32];
+  const tls_keys_t *k = tls__keys(now);
   if (!enc) {
-    tls__derive("moonport name", now, name);
-    if (memcmp(name, key_name, 16) != 0) {
-      tls__derive("moonport name", now - 1, name);
-      if (memcmp(name, key_name, 16) != 0) return 0; /* unknown: full */
-      period = now - 1;
+    if (memcmp(k->name, key_name, 16) != 0) {
+      k = tls__keys(now - 1);
+      if (memcmp(k->name, key_name, 16) != 0) return 0; /* unknown: full */
     }
   } else {
-    tls__derive("moonport name", now, name);
-    memcpy(key_name, name, 16);
+    memcpy(key_name, k->name, 16);
     if (RAND_bytes(iv, EVP_MAX_IV_LENGTH) != 1) return -1;
   }
-  tls__derive("moonport aes", period, aes);
-  tls__derive("moonport mac", period, mac);
+  unsigned char mac[32];
+  memcpy(mac, k->mac, sizeof(mac)); /* the param wants a non-const key */
   OSSL_PARAM params[] = {
       OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_KEY, mac, sizeof(mac)),
       OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, "SHA256", 0),
       OSSL_PARAM_construct_end()};
   if (enc) {
-    if (EVP_EncryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, aes, iv) != 1)
+    if (EVP_EncryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, k->aes, iv) != 1)
       return -1;
-  } else if (EVP_DecryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, aes, iv) !=
+  } else if (EVP_DecryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, k->aes, iv) !=
              1) {
     return -1;
   }
