@@ -99,11 +99,12 @@ test-unit: $(UNIT)
 	@echo "== $(OUT)/unit/test_tls, with MOONPORT_IO_URING=0"
 	@MOONPORT_IO_URING=0 $(OUT)/unit/test_tls
 
-# The specs of the plain socket and HTTP paths with MOONPORT_IO_URING=0: the
-# reactor's direct-call path, used where io_uring is unavailable.
+# The specs of the plain socket, HTTP and TLS paths with MOONPORT_IO_URING=0:
+# the reactor's direct-call path, used where io_uring is unavailable.
 test-direct: all
 	@MOONPORT_IO_URING=0 MOONPORT_BIN=$(abspath $(BIN)) bash scripts/run-specs \
-	  spec/e2e/echo_spec.lua spec/e2e/backpressure_spec.lua spec/e2e/http_spec.lua spec/e2e/ws_spec.lua spec/e2e/ready_spec.lua
+	  spec/e2e/echo_spec.lua spec/e2e/backpressure_spec.lua spec/e2e/http_spec.lua spec/e2e/ws_spec.lua spec/e2e/ready_spec.lua \
+	  spec/e2e/tls_spec.lua spec/e2e/tls_client_spec.lua
 
 test-spec: all
 	@MOONPORT_BIN=$(abspath $(BIN)) bash scripts/run-specs
