@@ -1030,6 +1030,20 @@ function H.read_to_eof(c, timeout)
   end
 end
 
+-- GET `target` from 127.0.0.1:port on a new connection (Connection:
+-- close); asserts a 200 and returns the body decoded as JSON. For the
+-- fixtures whose routes answer what a script did as JSON.
+function H.get_json(port, target, timeout)
+  local c = H.connect(port)
+  H.send(c, ("GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"):format(target))
+  local data = H.read_to_eof(c, timeout or H.T(10))
+  c:close()
+  assert.truthy(data, "no response to " .. target)
+  local st = tonumber(data:match("^HTTP/1%.1 (%d%d%d)"))
+  assert.equal(200, st, data)
+  return require("cjson").decode(data:match("\r\n\r\n(.*)$"))
+end
+
 --- Asserts-style helper: returns true if nothing arrives (and the peer does
 --- not close) for `dur` seconds; otherwise false and what happened.
 function H.silent_for(c, dur)

@@ -11,16 +11,7 @@ local function esc(s)
   return (tostring(s):gsub("[^%w%-_.~/]", function(c) return ("%%%02X"):format(c:byte()) end))
 end
 
-local function get(port, target)
-  local c = H.connect(port)
-  H.send(c, ("GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"):format(target))
-  local data = H.read_to_eof(c, H.T(10))
-  c:close()
-  assert.truthy(data, "no response to " .. target)
-  local st = tonumber(data:match("^HTTP/1%.1 (%d%d%d)"))
-  assert.equal(200, st, data)
-  return cjson.decode(data:match("\r\n\r\n(.*)$"))
-end
+local function get(port, target) return H.get_json(port, target, H.T(10)) end
 
 describe("mp.fetch", function()
   local app, node, port, base, pyport

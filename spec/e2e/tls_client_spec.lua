@@ -36,16 +36,7 @@ local function make_certs(dir)
   end
 end
 
-local function get(port, target)
-  local c = H.connect(port)
-  H.send(c, ("GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"):format(target))
-  local data = H.read_to_eof(c, H.T(20))
-  c:close()
-  assert.truthy(data, "no response to " .. target)
-  local st = tonumber(data:match("^HTTP/1%.1 (%d%d%d)"))
-  assert.equal(200, st, data)
-  return cjson.decode(data:match("\r\n\r\n(.*)$"))
-end
+local function get(port, target) return H.get_json(port, target, H.T(20)) end
 
 describe("TLS clients", function()
   local dir, app, port, ports, node, nport

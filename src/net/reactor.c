@@ -369,6 +369,50 @@ static bool conn__want_read(const conn_t *c) {
          (c->tls && net_tls_has_input(c->tls));
 }
 
+/* One read from the socket, or the result the batch read ahead: the
+ * bytes at *buf (the reactor's buffer, or *own, which the caller frees).
+ * Bytes clear F_READ_PENDING when they did not fill the buffer
+ * (edge-triggered: a short read emptied the socket, and later bytes bring
+ * a new event; after a hang-up, read on to the EOF). */
+static ssize_t conn__read_raw(conn_t *c, const char **buf, char **own) {
+  reactor_t *r = c->r;
+  size_t cap = REACTOR_READ_CHUNK;
+  ssize_t n;
+  *buf = r->rbuf;
+  *own = NULL;
+  if (net_uring_read_ready(&c->io)) { /* read already, with the batch */
+    cap = NET_URING_READ_SIZE;
+    n = net_uring_read_take(&c->io, buf, own);
+    if (n < 0) errno = (int)-n, n = -1;
+  } else {
+    n = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
+  }
+  if (n > 0) {
+    if ((size_t)n < cap && !(c->flags & F_PEER_HUP))
+      c->flags &= ~F_READ_PENDING;
+    stats_add(r->stats, STAT_BYTES_IN, (uint64_t)n);
+  }
+  return n;
+}
+
+/* What a read that brought no bytes (n <= 0, errno) means: true to try
+ * again (EINTR), false when reading is over for now (EAGAIN), the peer
+ * closed (EOF), or the connection failed. */
+static bool conn__read_none(conn_t *c, ssize_t n) {
+  if (n == 0) {
+    c->flags &= ~F_READ_PENDING;
+    reactor_conn_close(c, CONN_PEER);
+    return false;
+  }
+  if (errno == EINTR) return true;
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    c->flags &= ~F_READ_PENDING;
+    return false;
+  }
+  conn__kill(c, errno == ECONNRESET ? CONN_PEER : CONN_ERROR);
+  return false;
+}
+
 static void conn__read(conn_t *c) {
   reactor_t *r = c->r;
   if (c->tls) {
@@ -377,24 +421,11 @@ static void conn__read(conn_t *c) {
   }
   for (int round = 0; round < 16; round++) {
     if (!(c->flags & F_READ_PENDING) || !conn__can_read(c)) return;
-    const char *buf = r->rbuf;
-    size_t cap = REACTOR_READ_CHUNK;
-    char *own = NULL;
-    ssize_t n;
-    if (net_uring_read_ready(&c->io)) { /* read already, with the batch */
-      cap = NET_URING_READ_SIZE;
-      n = net_uring_read_take(&c->io, &buf, &own);
-      if (n < 0) errno = (int)-n, n = -1;
-    } else {
-      n = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
-    }
+    const char *buf;
+    char *own;
+    ssize_t n = conn__read_raw(c, &buf, &own);
     if (n > 0) {
       c->last_active = r->now;
-      /* Edge-triggered: a short read emptied the socket, and later bytes
-       * bring a new event. After a hang-up, read on to the EOF. */
-      if ((size_t)n < cap && !(c->flags & F_PEER_HUP))
-        c->flags &= ~F_READ_PENDING;
-      stats_add(r->stats, STAT_BYTES_IN, (uint64_t)n);
       if (c->proto->on_data) {
         c->hold++;
         c->proto->on_data(c, buf, (size_t)n);
@@ -410,17 +441,7 @@ static void conn__read(conn_t *c) {
       continue;
     }
     free(own);
-    if (n == 0) {
-      c->flags &= ~F_READ_PENDING;
-      reactor_conn_close(c, CONN_PEER);
-      return;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      c->flags &= ~F_READ_PENDING;
-      return;
-    }
-    conn__kill(c, errno == ECONNRESET ? CONN_PEER : CONN_ERROR);
+    if (conn__read_none(c, n)) continue;
     return;
   }
   conn__enqueue(c, P_READ); /* more to read: let others have a turn first */
@@ -1041,22 +1062,11 @@ static void conn__tls_read(conn_t *c) {
     }
     /* NET_TLS_WANT: more bytes from the socket. */
     if (!(c->flags & F_READ_PENDING)) return;
-    const char *buf = r->rbuf;
-    size_t cap = REACTOR_READ_CHUNK;
-    char *own = NULL;
-    ssize_t k;
-    if (net_uring_read_ready(&c->io)) {
-      cap = NET_URING_READ_SIZE;
-      k = net_uring_read_take(&c->io, &buf, &own);
-      if (k < 0) errno = (int)-k, k = -1;
-    } else {
-      k = read(c->fd, r->rbuf, REACTOR_READ_CHUNK);
-    }
+    const char *buf;
+    char *own;
+    ssize_t k = conn__read_raw(c, &buf, &own);
     if (k > 0) {
       if (!(c->flags & F_HANDSHAKE)) c->last_active = r->now;
-      if ((size_t)k < cap && !(c->flags & F_PEER_HUP))
-        c->flags &= ~F_READ_PENDING;
-      stats_add(r->stats, STAT_BYTES_IN, (uint64_t)k);
       net_tls_feed(c->tls, buf, (size_t)k);
       if (own) { /* the batch's buffer goes now */
         int e = net_tls_stash(c->tls);
@@ -1069,17 +1079,7 @@ static void conn__tls_read(conn_t *c) {
       continue;
     }
     free(own);
-    if (k == 0) {
-      c->flags &= ~F_READ_PENDING;
-      reactor_conn_close(c, CONN_PEER);
-      return;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      c->flags &= ~F_READ_PENDING;
-      return;
-    }
-    conn__kill(c, errno == ECONNRESET ? CONN_PEER : CONN_ERROR);
+    if (conn__read_none(c, k)) continue;
     return;
   }
   conn__enqueue(c, P_READ); /* more to read: let others have a turn first */
