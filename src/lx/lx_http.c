@@ -136,23 +136,26 @@ static int lx_req_unescape(lua_State *L) {
   return 1;
 }
 
-/* req:peer(): ip, port of the client (as conn:peer()), nil once gone. */
-static int lx_req_peer(lua_State *L) {
+/* The connection of the request table at 1 (its conn_id), or NULL once
+ * it is gone. Upvalue 1: the lane. */
+static conn_t *lx__req_conn(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_getfield(L, 1, "conn_id");
   sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
-  return lx_push_peer(L, uuid ? reactor_conn_find(ln->r, uuid) : NULL);
+  lua_pop(L, 1);
+  return uuid ? reactor_conn_find(ln->r, uuid) : NULL;
+}
+
+/* req:peer(): ip, port of the client (as conn:peer()), nil once gone. */
+static int lx_req_peer(lua_State *L) {
+  return lx_push_peer(L, lx__req_conn(L));
 }
 
 /* req:tls(): conn:tls()'s table for the request's connection; nil over
  * plain HTTP, or once the connection is gone. */
 static int lx_req_tls(lua_State *L) {
-  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lua_getfield(L, 1, "conn_id");
-  sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
-  return lx_tls_push_info(L, uuid ? reactor_conn_find(ln->r, uuid) : NULL);
+  return lx_tls_push_info(L, lx__req_conn(L));
 }
 
 /* Pushes the request table. Returns false (nothing pushed) for a target
