@@ -1044,6 +1044,18 @@ function H.get_json(port, target, timeout)
   return require("cjson").decode(data:match("\r\n\r\n(.*)$"))
 end
 
+-- The same through curl (a client we did not write), path on
+-- 127.0.0.1:port: the body decoded as JSON, and the body.
+function H.curl_json(port, path)
+  local p = assert(io.popen(("/usr/bin/curl -s -w '\\n%%{http_code}' --max-time %d 'http://127.0.0.1:%d%s'")
+    :format(math.ceil(H.T(20)), port, path)))
+  local out = p:read("*a")
+  p:close()
+  local body, code = out:match("^(.*)\n(%d+)$")
+  assert.equal("200", code, out)
+  return require("cjson").decode(body), body
+end
+
 --- Asserts-style helper: returns true if nothing arrives (and the peer does
 --- not close) for `dur` seconds; otherwise false and what happened.
 function H.silent_for(c, dur)

@@ -3,19 +3,10 @@
 -- "cancelled", not "dropped") and nothing of it resumes later
 -- (spec/fixtures/kill_app.lua; ASan's leak check covers what was held).
 local H = require "spec.helper"
-local cjson = require "cjson"
 
 local start, cleanup = H.fixture_servers("kill_app.lua")
 
-local function get(port, path)
-  local p = assert(io.popen(("/usr/bin/curl -s -w '\\n%%{http_code}' --max-time %d 'http://127.0.0.1:%d%s'")
-    :format(math.ceil(H.T(20)), port, path)))
-  local out = p:read("*a")
-  p:close()
-  local body, code = out:match("^(.*)\n(%d+)$")
-  assert.equal("200", code, out)
-  return cjson.decode(body), body
-end
+local get = H.curl_json
 
 describe("t:kill cancels mp.tcp / mp.resolve / mp.wait waits", function()
   after_each(cleanup) -- the servers and the stub DNS

@@ -3,22 +3,13 @@
 -- per case, answering JSON) runs tasks side by side on its lane. Times are
 -- measured inside the server (mp.now) and bounded generously (H.T).
 local H = require "spec.helper"
-local cjson = require "cjson"
 
 local socket = require "socket"
 local start, cleanup = H.fixture_servers("task_app.lua")
 local REDIS_SERVER = os.getenv("MOONPORT_TEST_REDIS_SERVER") or "/usr/bin/redis-server"
 if not H.exists(REDIS_SERVER) then REDIS_SERVER = "/usr/sbin/redis-server" end
 
-local function get(port, path)
-  local p = assert(io.popen(("/usr/bin/curl -s -w '\\n%%{http_code}' --max-time %d 'http://127.0.0.1:%d%s'")
-    :format(math.ceil(H.T(20)), port, path)))
-  local out = p:read("*a")
-  p:close()
-  local body, code = out:match("^(.*)\n(%d+)$")
-  assert.equal("200", code, out)
-  return cjson.decode(body), body
-end
+local get = H.curl_json
 
 -- MOONPORT_WORKERS=1: one process, no fork; the server is the worker.
 local function worker_rss(srv) return assert(srv:rss_kb()) end

@@ -130,6 +130,18 @@ static void lx__timer_stop(lx_tcp_t *s) {
     timer_stop(reactor_timers(s->cl->ln->r), &s->timer);
 }
 
+/* A connect that ends before it completed (killed, timed out): its name
+ * lookup is cancelled, its connection dropped, and the socket reads as
+ * closed with `why`. */
+static void lx__end_connect(lx_tcp_t *s, int reason, const char *why) {
+  if (s->dq) {
+    dns_cancel(s->dq);
+    s->dq = NULL;
+  }
+  lx__drop_conn(s, reason);
+  lx__set_closed(s, why);
+}
+
 /* ---- the pool ---- */
 
 static void lx__idle_unlink(lx_tcp_idle_t *e) {
@@ -209,14 +221,7 @@ static void lx__task(void *a, void *b) {
  * closed); after a read or send the socket stays as it is. */
 static void lx__cancel(lx_lane_t *ln, void *arg) {
   lx_tcp_t *s = arg;
-  if (s->op == OP_CONNECT) {
-    if (s->dq) {
-      dns_cancel(s->dq);
-      s->dq = NULL;
-    }
-    lx__drop_conn(s, CONN_LOCAL);
-    lx__set_closed(s, "closed");
-  }
+  if (s->op == OP_CONNECT) lx__end_connect(s, CONN_LOCAL, "closed");
   s->op = OP_NONE;
   lx__timer_stop(s);
   lx_run_t run = s->run;
@@ -238,14 +243,7 @@ static void lx__timeout(mp_timer_t *t) {
   lx_tcp_t *s = t->udata;
   if (!s->cl || s->op == OP_NONE || s->queued) return;
   lua_State *co = s->run.co;
-  if (s->op == OP_CONNECT) {
-    if (s->dq) {
-      dns_cancel(s->dq);
-      s->dq = NULL;
-    }
-    lx__drop_conn(s, CONN_TIMEOUT);
-    lx__set_closed(s, "timeout");
-  }
+  if (s->op == OP_CONNECT) lx__end_connect(s, CONN_TIMEOUT, "timeout");
   lua_pushnil(co);
   lua_pushliteral(co, "timeout");
   lx__finish(s, 2);
@@ -1005,6 +1003,19 @@ static int lx_tcp_close(lua_State *L) {
   return 1;
 }
 
+static void lx__sock_unlink(lx_tcp_t *s);
+
+/* A socket whose Lua object or lane goes: its lookup, timer and
+ * connection end, and it leaves its client's list. */
+static void lx__detach(lx_tcp_t *s, int reason) {
+  if (s->dq) dns_cancel(s->dq);
+  s->dq = NULL;
+  lx__timer_stop(s);
+  lx__drop_conn(s, reason);
+  lx__sock_unlink(s);
+  s->cl = NULL;
+}
+
 static void lx__sock_unlink(lx_tcp_t *s) {
   lx_client_t *cl = s->cl;
   if (!cl) return;
@@ -1020,14 +1031,7 @@ static void lx__sock_unlink(lx_tcp_t *s) {
  * (anchored), so only its connection and lookup are left to end. */
 static int lx_tcp_gc(lua_State *L) {
   lx_tcp_t *s = luaL_checkudata(L, 1, LX_TCP_MT);
-  if (s->cl) {
-    if (s->dq) dns_cancel(s->dq);
-    s->dq = NULL;
-    lx__timer_stop(s);
-    lx__drop_conn(s, CONN_LOCAL);
-    lx__sock_unlink(s);
-    s->cl = NULL;
-  }
+  if (s->cl) lx__detach(s, CONN_LOCAL);
   free(s->buf);
   free(s->key);
   free(s->host);
@@ -1051,13 +1055,8 @@ static int lx_tcp_tostring(lua_State *L) {
 
 void lx_tcp_free_all(lx_client_t *cl) {
   while (cl->socks) {
-    lx_tcp_t *s = cl->socks;
-    if (s->dq) dns_cancel(s->dq);
-    s->dq = NULL;
-    lx__timer_stop(s);
-    lx__drop_conn(s, CONN_SHUTDOWN);
-    lx__sock_unlink(s);
-    s->cl = NULL; /* its anchor, if any, goes with the Lua state */
+    lx__detach(cl->socks, CONN_SHUTDOWN); /* its anchor, if any, goes
+                                             with the Lua state */
   }
   while (cl->idle) lx__idle_free(cl->idle, true);
 }
