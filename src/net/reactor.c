@@ -999,7 +999,17 @@ static void conn__tls_failed(conn_t *c, ssize_t why) {
 /* conn__read's TLS half: raw bytes from the socket (or the batch's read
  * ahead) go into the record layer; the handshake runs there, and
  * decrypted bytes come out to on_data a few records at a time. */
+static void conn__tls_read_some(conn_t *c);
+
 static void conn__tls_read(conn_t *c) {
+  conn__tls_read_some(c);
+  /* Whatever way it left (its round limit, say, right after a read), the
+   * fed bytes not read yet must not point into the reactor's buffer or the
+   * batch's slot, which the next connection's read reuses. */
+  if (!(c->flags & F_DEAD) && net_tls_stash(c->tls)) conn__kill(c, CONN_ERROR);
+}
+
+static void conn__tls_read_some(conn_t *c) {
   reactor_t *r = c->r;
   for (int round = 0; round < 16; round++) {
     /* (a handshake goes on while the protocol, not opened yet, would
