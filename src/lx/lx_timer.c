@@ -109,7 +109,10 @@ static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
   t->fn_ref = t->done_ref = t->self_ref = LUA_NOREF;
   luaL_getmetatable(L, LX_TIMER_MT);
   lua_setmetatable(L, -2);
-  int rc = timer_start(reactor_timers(ln->r), &t->t, reactor_now(ln->r),
+  /* From the clock now, not the loop's (stamped before this callback, or
+   * before a slow top level, ran): a timer never fires before its delay
+   * as mp.now() sees it. */
+  int rc = timer_start(reactor_timers(ln->r), &t->t, reactor_clock_ms(),
                        (uint64_t)delay, (uint64_t)interval, (int64_t)count,
                        lx__timer_fire, lx__timer_finish, t);
   if (rc) return luaL_error(L, "cannot start a timer: out of memory");
@@ -189,7 +192,7 @@ static int lx__sleep_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   s->run = *run;
   s->ln = ln;
   timer_init(&s->timer);
-  if (timer_start(reactor_timers(ln->r), &s->timer, reactor_now(ln->r),
+  if (timer_start(reactor_timers(ln->r), &s->timer, reactor_clock_ms(),
                   (uint64_t)lua_tonumber(co, 3), 0, 1, lx__sleep_fire,
                   lx__sleep_free, s)) {
     free(s);
