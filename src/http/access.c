@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* access: formats access-log lines; see access.h. */
 #include "http/access.h"
 
@@ -66,7 +68,10 @@ size_t http_access_line(char *buf, const char *ip, time_t when,
     al__esc(&l, req->method, req->method_len, AL_METHOD);
     al__raw(&l, " ", 1);
     al__esc(&l, req->target, req->target_len, AL_TARGET);
-    al__raw(&l, num, (size_t)snprintf(num, sizeof(num), " HTTP/1.%d", req->minor));
+    al__raw(&l, num,
+            req->h2
+                ? (size_t)snprintf(num, sizeof(num), " HTTP/2.0")
+                : (size_t)snprintf(num, sizeof(num), " HTTP/1.%d", req->minor));
     ref = http_header(req, "referer");
     ua = http_header(req, "user-agent");
   } else if (rawlen) {

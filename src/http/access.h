@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* access: the access-log line of one HTTP request (--log), in the
  * combined format with the seconds the request took:
  *   ip - - [day/Mon/year:hh:mm:ss +0000] "GET /t HTTP/1.1" 200 5 "ref" "ua" 0.001

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* http1: the HTTP/1.x request parser (RFC 9110, 9112). */
 #include "http/http1.h"
 #include "http/http1_lex.h"
@@ -72,8 +74,63 @@ static inline size_t http__content_end(const char *buf, size_t start,
   return nl > start && buf[nl - 1] == '\r' ? nl - 1 : nl;
 }
 
-/* RFC 9112 3.2: origin-form ("/..."), absolute-form ("scheme://..."),
- * authority-form for CONNECT, "*" for OPTIONS. */
+/* Host = uri-host [ ":" port ] (RFC 9110 7.2, RFC 3986 3.2.2): an IP
+ * literal in brackets (hex digits, ':' and '.' inside), or a reg-name
+ * (unreserved, sub-delims, %-escapes: no ':', no bracket), then an
+ * optional port of at most five digits, 65535 at most. A space, '/', '?',
+ * '#', '@' or a byte past ASCII can't be part of one. Empty is allowed (a
+ * URI without authority). */
+static const unsigned char http_hostchar[256] = {
+    ['!'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1,         ['('] = 1,
+    [')'] = 1, ['*'] = 1, ['+'] = 1, [','] = 1, ['-'] = 1,          ['.'] = 1,
+    [';'] = 1, ['='] = 1, ['_'] = 1, ['~'] = 1, HTTP_ALNUM_ENTRIES,
+};
+
+static bool http__host_ok(const char *v, size_t n) {
+  size_t i = 0;
+  if (n && v[0] == '[') {
+    for (i = 1; i < n && v[i] != ']'; i++) {
+      char c = v[i];
+      if (!((c >= '0' && c <= '9') ||
+            ((c | 0x20) >= 'a' && (c | 0x20) <= 'f') || c == ':' || c == '.'))
+        return false;
+    }
+    if (i >= n || i == 1) return false; /* no ']', or "[]" */
+    i++;
+  } else {
+    while (i < n && http_hostchar[(unsigned char)v[i]]) i++;
+  }
+  if (i == n) return true;
+  if (v[i] != ':' || n - i - 1 > 5) return false;
+  unsigned port = 0;
+  for (i++; i < n; i++) {
+    if (v[i] < '0' || v[i] > '9') return false;
+    port = port * 10 + (unsigned)(v[i] - '0');
+  }
+  return port <= 65535;
+}
+
+/* An absolute-form target's authority: the bytes after "http://" or
+ * "https://" up to the first '/' or '?'. The scheme's length (7 or 8), or
+ * 0 for any other target. */
+static size_t http__absolute(const char *t, size_t n, const char **auth,
+                             size_t *alen) {
+  size_t scheme = n >= 7 && strncasecmp(t, "http://", 7) == 0    ? 7
+                  : n >= 8 && strncasecmp(t, "https://", 8) == 0 ? 8
+                                                                 : 0;
+  if (!scheme) return 0;
+  size_t i = scheme;
+  while (i < n && t[i] != '/' && t[i] != '?') i++;
+  *auth = t + scheme;
+  *alen = i - scheme;
+  return scheme;
+}
+
+/* RFC 9112 3.2: origin-form ("/..."), absolute-form (an http or https
+ * URI: another scheme is not ours to serve), authority-form for CONNECT,
+ * "*" for OPTIONS. An absolute-form authority must be a host (RFC 9110
+ * 4.2.1: not empty) without userinfo (4.2.4: "user@" is refused, as nginx
+ * does) and an optional port. */
 static bool http__target_ok(const http_request_t *r) {
   const char *t = r->target;
   size_t n = r->target_len;
@@ -83,31 +140,10 @@ static bool http__target_ok(const http_request_t *r) {
   if (r->method_len == 7 && memcmp(r->method, "OPTIONS", 7) == 0 && n == 1 &&
       t[0] == '*')
     return true;
-  /* scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) then "://" */
-  size_t i = 0;
-  while (i < n && (((t[i] | 0x20) >= 'a' && (t[i] | 0x20) <= 'z') ||
-                   (i > 0 && ((t[i] >= '0' && t[i] <= '9') || t[i] == '+' ||
-                              t[i] == '-' || t[i] == '.'))))
-    i++;
-  return i > 0 && n - i > 3 && memcmp(t + i, "://", 3) == 0;
-}
-
-/* Host = uri-host [ ":" port ] (RFC 9110 7.2, RFC 3986 3.2.2): reg-name
- * characters (unreserved, sub-delims, %-escapes), an IP literal's
- * brackets and colons. A space, '/', '?', '#', '@' or a byte past ASCII
- * can't be part of one. Empty is allowed (a URI without authority). */
-static const unsigned char http_hostchar[256] = {
-    ['!'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['('] = 1,
-    [')'] = 1, ['*'] = 1, ['+'] = 1, [','] = 1, ['-'] = 1, ['.'] = 1,
-    [':'] = 1, [';'] = 1, ['='] = 1, ['['] = 1, [']'] = 1, ['_'] = 1,
-    ['~'] = 1,
-    HTTP_ALNUM_ENTRIES,
-};
-
-static bool http__host_ok(const char *v, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!http_hostchar[(unsigned char)v[i]]) return false;
-  return true;
+  const char *auth;
+  size_t alen;
+  if (!http__absolute(t, n, &auth, &alen)) return false;
+  return alen > 0 && !memchr(auth, '@', alen) && http__host_ok(auth, alen);
 }
 
 /* Inlined into http_parse_head, the hot caller. */
@@ -180,6 +216,7 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
   req->nheaders = 0;
   req->content_length = -1;
   req->chunked = req->keep_alive = req->expect_continue = req->upgrade = false;
+  req->h2 = false;
   int rc = http__request_line(buf + p, http__content_end(buf, p, (size_t)nl) - p,
                               req);
   if (rc) return rc;
@@ -241,6 +278,21 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
   }
   if (te && (req->content_length >= 0 || req->minor == 0)) return HTTP_BAD;
   if (req->minor == 1 && !host) return HTTP_BAD;
+  /* An absolute-form target's authority is the request's host, whatever
+   * the Host field says (RFC 9112 3.2.2): the field's value is replaced
+   * by it (pointing into the target). An HTTP/1.0 request without Host
+   * keeps none: every pointer stays a field line's or the request line's. */
+  const char *auth;
+  size_t alen;
+  if (host && req->target[0] != '/' &&
+      http__absolute(req->target, req->target_len, &auth, &alen)) {
+    for (int k = 0; k < req->nheaders; k++)
+      if (http__ieq(req->headers[k].name, req->headers[k].name_len, "host")) {
+        req->headers[k].value = auth;
+        req->headers[k].value_len = (uint32_t)alen;
+        break;
+      }
+  }
   req->chunked = te;
   req->keep_alive = req->minor == 1 ? !conn_close : conn_keep && !conn_close;
   req->upgrade = conn_upgrade && upgrade_field;

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* http1: an HTTP/1.x request parser. It reads a request's head (request
  * line and header fields) from a buffer without copying (every string
  * points into the buffer), and decodes chunked bodies incrementally.
@@ -40,6 +42,7 @@ typedef struct {
   bool keep_alive;           /* the connection stays open after this one */
   bool expect_continue;      /* Expect: 100-continue */
   bool upgrade;              /* Connection: upgrade with an Upgrade field */
+  bool h2;                   /* came over HTTP/2 (http/h2.c fills it) */
 } http_request_t;
 
 /* Parses the head at buf[0..len). Returns its length in bytes (request
@@ -49,7 +52,11 @@ typedef struct {
  * a bare LF. Rejected as 400: a malformed request line or field, obsolete
  * line folding, a space before a field's colon, Content-Length that is not
  * a number or differs between fields, Content-Length together with
- * Transfer-Encoding (request smuggling), a missing Host in HTTP/1.1. */
+ * Transfer-Encoding (request smuggling), a missing Host in HTTP/1.1, a
+ * Host that is not uri-host[:port] (port 65535 at most), an absolute-form
+ * target that is not http(s) or has userinfo or an empty host. An
+ * absolute-form target's authority replaces the Host field's value (which
+ * then points into the target): RFC 9112 3.2.2. */
 int http_parse_head(const char *buf, size_t len, size_t max_head,
                     http_request_t *req);
 

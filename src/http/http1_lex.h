@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* http1_lex: the lexical pieces the request parser (http1.c) and the
  * response parser (http1_response.c) share. Internal to src/http: not a
  * public contract. Pure functions of their arguments; any thread. */

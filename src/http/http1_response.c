@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* http1_response: the HTTP/1.x response parser (RFC 9110, 9112) of the
  * client side: status line, header fields, the body's framing. The
  * request parser is http1.c; the chunked decoder is shared with it. */

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* http1_response: the HTTP/1.x response parser of the client side (the
  * foundation of issue 12's mp.fetch). It reads a response's head (status
  * line and header fields) from the caller's buffer without copying (every

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* public: the static-file sender (mp.http's public folder); see
  * public.h. */
 #include "http/public.h"
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "http/compress.h"
 #include "http/static.h"
 
 #ifndef SYS_openat2
@@ -32,36 +35,40 @@ static int pb__open(int dirfd, const char *rel, uint64_t flags) {
   return fd < 0 ? -errno : (int)fd;
 }
 
-/* Writes the head of a static response with the header lines `hdrs`,
- * and `body` in the same write when it is given (len bytes). */
-static int pb__head(conn_t *c, http_conn_t *hc, int status,
-                    const char *hdrs, size_t hl, long long len,
-                    const char *body) {
-  http_head_t res = http_conn_head(hc, status);
+/* The head of a static response with the header lines `hdrs`. */
+static http_head_t pb__head(http_conn_t *hc, int status, const char *hdrs,
+                            size_t hl) {
+  http_head_t res = http_exchange_head(&hc->x, status);
   res.has_type = true; /* set in hdrs when there is a body */
   res.headers = hdrs;
   res.hlen = hl;
-  bool inlined;
-  return http_conn_write_head(c, hc, &res, len, body, &inlined);
+  return res;
 }
 
 /* A short text answer (404, 403, 405, 301...) with `extra` header lines;
  * the connection goes on. */
 static void pb__answer(conn_t *c, http_conn_t *hc, int status,
                               const char *extra, size_t el) {
-  static const char type[] = "Content-Type: text/plain; charset=utf-8\r\n";
-  char stack[512], body[64];
-  size_t hl = sizeof(type) - 1 + el;
+  const http_page_t *page = http_conn_page(hc, status); /* error_pages */
+  char type[128], stack[512], body[64];
+  size_t tl = (size_t)snprintf(type, sizeof(type), "Content-Type: %s\r\n",
+                               page ? page->type : "text/plain; charset=utf-8");
+  size_t hl = tl + el;
   char *hdrs = hl <= sizeof(stack) ? stack : malloc(hl);
-  int rc = -ENOMEM;
-  if (hdrs) {
-    memcpy(hdrs, type, sizeof(type) - 1);
-    if (el) memcpy(hdrs + sizeof(type) - 1, extra, el);
-    int bl = snprintf(body, sizeof(body), "%s\n", http_reason(status));
-    rc = pb__head(c, hc, status, hdrs, hl, bl, body);
-    if (hdrs != stack) free(hdrs);
+  if (!hdrs) {
+    http_conn_refuse(c, hc, 500);
+    return;
   }
-  http_conn_complete(c, hc, hc->keep_alive && rc == 0);
+  memcpy(hdrs, type, tl);
+  if (el) memcpy(hdrs + tl, extra, el);
+  http_head_t h = pb__head(hc, status, hdrs, hl);
+  if (page) {
+    http_res_send(&hc->x, &h, page->body, page->len, NULL, NULL, NULL);
+  } else {
+    int bl = snprintf(body, sizeof(body), "%s\n", http_reason(status));
+    http_res_send(&hc->x, &h, body, (size_t)bl, NULL, NULL, NULL);
+  }
+  if (hdrs != stack) free(hdrs);
 }
 
 /* A folder asked for without its slash: 301 to the same path with it
@@ -82,36 +89,95 @@ static void pb__redirect(conn_t *c, http_conn_t *hc, const char *path,
   free(loc);
 }
 
+/* A compressible file compressed on the fly, through the thread's cache
+ * of compressed files (http_zcache_file: compressed once, sent again
+ * until the file changes), when compression is on and the client takes
+ * it; HEAD gets the same head with the compressed length. Takes fd and
+ * returns true when it answered; false leaves both to the caller (the
+ * file goes as it is, or through the filter: too large, not a
+ * compressible type, a client that takes none, an error). */
+/* The coding pb__cached would answer this request for the file with
+ * (identity: it would not; *cfgp: the settings, or NULL). */
+static int pb__zcoding(http_conn_t *hc, const struct stat *st, const char *type,
+                       const http_compress_cfg_t **cfgp) {
+  const http_compress_cfg_t *cfg = *cfgp = http_compress_cfg_of(hc->srv);
+  uint64_t size = (uint64_t)st->st_size;
+  if (!cfg || size < cfg->min_size || size > cfg->file_max ||
+      size > HTTP_FILE_WHOLE || !http_compress_type_ok(cfg, type, strlen(type)))
+    return HTTP_CODING_IDENTITY;
+  const http_header_t *ae = http_header(hc->x.req, "accept-encoding");
+  unsigned allow = 1u << HTTP_CODING_GZIP;
+  if (cfg->brotli) allow |= 1u << HTTP_CODING_BR;
+  return http_coding_pick(ae ? ae->value : NULL, ae ? ae->value_len : 0, allow);
+}
+
+static bool pb__cached(http_conn_t *hc, int fd, const struct stat *st,
+                       const char *type, const char *etag, const char *date) {
+  const http_compress_cfg_t *cfg;
+  int coding = pb__zcoding(hc, st, type, &cfg);
+  if (coding == HTTP_CODING_IDENTITY) return false;
+  size_t len;
+  const char *z = http_zcache_file(cfg, fd, st, coding, &len, hc->srv->stats);
+  if (!z) return false;
+  close(fd);
+  char hdrs[512];
+  int hl = snprintf(hdrs, sizeof(hdrs),
+                    "Content-Type: %s\r\nETag: W/%s\r\nLast-Modified: %s\r\n"
+                    "Content-Encoding: %s\r\nVary: Accept-Encoding\r\n",
+                    type, etag, date, coding == HTTP_CODING_BR ? "br" : "gzip");
+  http_head_t h = pb__head(hc, 200, hdrs, (size_t)hl);
+  http_res_send(&hc->x, &h, z, len, NULL, NULL, NULL);
+  return true;
+}
+
 /* Sends the file open at fd (st its stat; rel its path, with room for
- * ".gz" after it), minding the validators, Range and a .gz sibling. */
+ * ".gz" or ".br" after it), minding the validators, Range and the
+ * precompressed siblings. */
 static void pb__send(conn_t *c, http_conn_t *hc, int fd,
                             struct stat *st, char *rel, size_t n) {
-  http_request_t *r = hc->req;
+  http_request_t *r = hc->x.req;
   bool head = http_is_method(r, "HEAD");
   const char *type = http_static_mime(rel, n);
-  /* A precompressed sibling: it makes the answer vary with
-   * Accept-Encoding whether or not this client takes it. A request with
-   * a Range gets the original, so ranges always count its bytes. */
+  /* Precompressed siblings (".br", ".gz"): one makes the answer vary
+   * with Accept-Encoding whether or not this client takes it. The
+   * client's preferred coding is looked for pref, then the other one it
+   * takes. A request with a Range gets the original, so ranges always
+   * count its bytes. */
   const http_header_t *ae = http_header(r, "accept-encoding");
-  bool want_gz = ae && http_static_accepts_gzip(ae->value, ae->value_len) &&
-                 !http_header(r, "range");
-  bool vary = false, gzip = false;
-  memcpy(rel + n, ".gz", 4);
-  int gz = pb__open(hc->srv->public_fd, rel,
-                           want_gz ? O_RDONLY | O_NONBLOCK | O_NOCTTY : O_PATH);
-  rel[n] = 0;
-  struct stat gst;
-  if (gz >= 0 && fstat(gz, &gst) == 0 && S_ISREG(gst.st_mode)) {
-    vary = true;
-    if (want_gz) {
-      int t = fd;
-      fd = gz;
-      gz = t;
-      *st = gst;
-      gzip = true;
+  const char *aev = ae ? ae->value : NULL;
+  size_t ael = ae ? ae->value_len : 0;
+  bool ranged = http_header(r, "range") != NULL;
+  int pref =
+      http_coding_pick(aev, ael, 1u << HTTP_CODING_GZIP | 1u << HTTP_CODING_BR);
+  bool takes[3] = {
+      false, !ranged && http_coding_pick(aev, ael, 1u << HTTP_CODING_GZIP) != 0,
+      !ranged && http_coding_pick(aev, ael, 1u << HTTP_CODING_BR) != 0};
+  int order[2] = {pref == HTTP_CODING_BR ? HTTP_CODING_BR : HTTP_CODING_GZIP,
+                  pref == HTTP_CODING_BR ? HTTP_CODING_GZIP : HTTP_CODING_BR};
+  bool vary = false;
+  int coding = HTTP_CODING_IDENTITY;
+  for (int k = 0; k < 2; k++) {
+    int cd = order[k];
+    bool want = takes[cd] && coding == HTTP_CODING_IDENTITY;
+    if (vary && !want) continue; /* nothing left to learn */
+    memcpy(rel + n, cd == HTTP_CODING_BR ? ".br" : ".gz", 4);
+    int sib = pb__open(hc->srv->public_fd, rel,
+                       want ? O_RDONLY | O_NONBLOCK | O_NOCTTY : O_PATH);
+    rel[n] = 0;
+    struct stat sst;
+    if (sib >= 0 && fstat(sib, &sst) == 0 && S_ISREG(sst.st_mode)) {
+      vary = true;
+      if (want) {
+        int t = fd;
+        fd = sib;
+        sib = t;
+        *st = sst;
+        coding = cd;
+      }
     }
+    if (sib >= 0) close(sib);
   }
-  if (gz >= 0) close(gz);
+  bool gzip = coding != HTTP_CODING_IDENTITY; /* precompressed */
 
   uint64_t size = (uint64_t)st->st_size;
   int64_t mtime = (int64_t)st->st_mtim.tv_sec;
@@ -142,19 +208,32 @@ static void pb__send(conn_t *c, http_conn_t *hc, int fd,
     }
   }
 
+  if (status == 200 && !rh && !gzip && pb__cached(hc, fd, st, type, etag, date))
+    return;
+
   char hdrs[512];
   int hl;
+  /* a 304 carries what the 200 would: the weak ETag and Vary of a
+   * variant compressed on the fly */
+  const http_compress_cfg_t *zcfg = NULL;
+  bool z304 = status == 304 && !gzip && !rh &&
+              pb__zcoding(hc, st, type, &zcfg) != HTTP_CODING_IDENTITY;
   if (status == 304)
-    hl = snprintf(hdrs, sizeof(hdrs), "ETag: %s\r\nLast-Modified: %s\r\n%s", etag,
-                  date, vary ? "Vary: Accept-Encoding\r\n" : "");
+    hl = snprintf(hdrs, sizeof(hdrs), "ETag: %s%s\r\nLast-Modified: %s\r\n%s",
+                  z304 ? "W/" : "", etag, date,
+                  vary || z304 ? "Vary: Accept-Encoding\r\n" : "");
   else if (status == 416)
     hl = snprintf(hdrs, sizeof(hdrs),
                   "Content-Type: text/plain; charset=utf-8\r\nAccept-Ranges: bytes\r\n"
                   "Content-Range: bytes */%" PRIu64 "\r\n",
                   size);
   else
-    hl = snprintf(hdrs, sizeof(hdrs), "Content-Type: %s\r\nETag: %s\r\nLast-Modified: %s\r\n%s%s",
-                  type, etag, date, gzip ? "Content-Encoding: gzip\r\n" : "Accept-Ranges: bytes\r\n",
+    hl = snprintf(hdrs, sizeof(hdrs),
+                  "Content-Type: %s\r\nETag: %s\r\nLast-Modified: %s\r\n%s%s",
+                  type, etag, date,
+                  coding == HTTP_CODING_BR     ? "Content-Encoding: br\r\n"
+                  : coding == HTTP_CODING_GZIP ? "Content-Encoding: gzip\r\n"
+                                               : "Accept-Ranges: bytes\r\n",
                   vary ? "Vary: Accept-Encoding\r\n" : "");
   if (status == 206)
     hl += snprintf(hdrs + hl, sizeof(hdrs) - (size_t)hl,
@@ -163,10 +242,11 @@ static void pb__send(conn_t *c, http_conn_t *hc, int fd,
   if (status == 304 || status == 416) {
     static const char msg[] = "Range Not Satisfiable\n";
     close(fd);
-    int rc = status == 304
-                 ? pb__head(c, hc, 304, hdrs, (size_t)hl, 0, NULL)
-                 : pb__head(c, hc, 416, hdrs, (size_t)hl, sizeof(msg) - 1, msg);
-    http_conn_complete(c, hc, hc->keep_alive && rc == 0);
+    http_head_t h = pb__head(hc, status, hdrs, (size_t)hl);
+    if (status == 304)
+      http_res_send(&hc->x, &h, NULL, 0, NULL, NULL, NULL);
+    else
+      http_res_send(&hc->x, &h, msg, sizeof(msg) - 1, NULL, NULL, NULL);
     return;
   }
   uint64_t len = size ? last - first + 1 : 0;
@@ -174,26 +254,20 @@ static void pb__send(conn_t *c, http_conn_t *hc, int fd,
    * which takes the fd. (Measured with wrk on a 4 KB file: about 13% less
    * server CPU per request than the head followed by sendfile.) */
   char small[HTTP_INLINE_BODY];
-  int rc;
-  if (head || len == 0) {
-    close(fd);
-    rc = pb__head(c, hc, status, hdrs, (size_t)hl, (long long)len, NULL);
-  } else if (len <= sizeof(small)) {
+  http_head_t h = pb__head(hc, status, hdrs, (size_t)hl);
+  if (!head && len && len <= sizeof(small) && reactor_conn_pending(c) == 0) {
+    /* (with answers queued before it, a copy would wait in the queue:
+     * then the file goes by reference, below, whatever its size) */
     ssize_t got = pread(fd, small, (size_t)len, (off_t)first);
     close(fd);
     if (got != (ssize_t)len) {
       pb__answer(c, hc, 500, NULL, 0);
       return;
     }
-    rc = pb__head(c, hc, status, hdrs, (size_t)hl, (long long)len, small);
+    http_res_send(&hc->x, &h, small, (size_t)len, NULL, NULL, NULL);
   } else {
-    rc = pb__head(c, hc, status, hdrs, (size_t)hl, (long long)len, NULL);
-    if (rc == 0)
-      rc = reactor_conn_sendfile(c, fd, (off_t)first, (size_t)len);
-    else
-      close(fd);
+    http_res_sendfile(&hc->x, &h, fd, (off_t)first, len);
   }
-  http_conn_complete(c, hc, hc->keep_alive && rc == 0);
 }
 
 /* Whether an open error means "nothing there" (as opposed to refused). */
@@ -213,9 +287,11 @@ static int pb__stat(int dirfd, const char *rel, struct stat *st) {
   return fd;
 }
 
-bool http_public_answer(conn_t *c, http_conn_t *hc, bool app) {
+bool http_public_answer(http_exchange_t *x, bool app) {
+  http_conn_t *hc = x->conn;
+  conn_t *c = hc->c;
   http_server_t *cfg = hc->srv;
-  http_request_t *r = hc->req;
+  http_request_t *r = hc->x.req;
   bool get = http_is_method(r, "GET") || http_is_method(r, "HEAD");
   if (!get && app) return false; /* without a look: the app's request */
   const char *path, *query;
@@ -225,7 +301,7 @@ bool http_public_answer(conn_t *c, http_conn_t *hc, bool app) {
       (plen < cfg->public_prefix_len ||
        memcmp(path, cfg->public_prefix, cfg->public_prefix_len) != 0))
     return false; /* outside public_prefix: not a file, no system call */
-  /* room after the path for "/index.html" and then ".gz" */
+  /* room after the path for "/index.html" and then ".gz" or ".br" */
   char rel[PB_PATH_MAX + 16];
   ssize_t n = http_static_path(path, plen, rel, PB_PATH_MAX);
   if (n == HTTP_STATIC_BAD) {
@@ -283,7 +359,6 @@ bool http_public_answer(conn_t *c, http_conn_t *hc, bool app) {
   pb__send(c, hc, fd, &st, rel, (size_t)n);
   return true;
 }
-
 
 int http_public_open(const char *dir, const char **step) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

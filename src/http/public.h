@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* public: the one static-file sender of the server (mp.http's `public`
  * folder, with or without on_request). It answers GET and HEAD from the
  * folder as nginx's `try_files $uri @app` does: a path that names a
@@ -23,10 +25,11 @@
  * it). The fd, or a negative errno with *step "open" or "openat2". */
 int http_public_open(const char *dir, const char **step);
 
-/* Answers the request in hand from hc->srv->public_fd if it names a file
+/* Answers exchange x from its server's public_fd if it names a file
  * there (true: answered, the response complete or the connection
  * refused), or leaves it (false). `app`: an application takes what is
- * left; without one every request is answered here (404, 405). */
-bool http_public_answer(conn_t *c, http_conn_t *hc, bool app);
+ * left; without one every request is answered here (404, 405). Meant
+ * for http_server_t.on_before. */
+bool http_public_answer(http_exchange_t *x, bool app);
 
 #endif

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* static: the pure parts of serving files (safe paths, media types,
  * Range, validators, Accept-Encoding, dates); see static.h. */
 #include "http/static.h"

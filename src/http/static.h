@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* static: the pure parts of serving files over HTTP: a request target's
  * path made safe to open under a folder, the media type of a file name,
  * the Range, If-None-Match, If-Range and Accept-Encoding fields, and HTTP

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* ws: WebSocket frames, the handshake key and UTF-8 checks (RFC 6455). */
 #include "http/ws.h"
 
@@ -5,54 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/crypto.h"
+#include "http/ws_deflate.h"
+
+/* An inflated message's buffer past this size is freed at the next read:
+ * an idle connection keeps no large one. */
+#define WS_ZBUF_KEEP 16384
+
 /* ---- the handshake: base64(SHA-1(key + GUID)) ---- */
-
-static uint32_t ws__rol(uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
-
-/* SHA-1 (FIPS 180-4) of one short message: enough for a handshake key. */
-static void ws__sha1(const unsigned char *msg, size_t len, unsigned char out[20]) {
-  uint32_t h[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
-  size_t total = ((len + 8) / 64 + 1) * 64;
-  unsigned char block[64];
-  for (size_t off = 0; off < total; off += 64) {
-    for (size_t i = 0; i < 64; i++) {
-      size_t at = off + i;
-      unsigned char b;
-      if (at < len) b = msg[at];
-      else if (at == len) b = 0x80;
-      else if (at >= total - 8) b = (unsigned char)(((uint64_t)len * 8) >> (8 * (total - 1 - at)));
-      else b = 0;
-      block[i] = b;
-    }
-    uint32_t w[80];
-    for (int i = 0; i < 16; i++)
-      w[i] = (uint32_t)block[4 * i] << 24 | (uint32_t)block[4 * i + 1] << 16 |
-             (uint32_t)block[4 * i + 2] << 8 | block[4 * i + 3];
-    for (int i = 16; i < 80; i++)
-      w[i] = ws__rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
-    for (int i = 0; i < 80; i++) {
-      uint32_t f, k;
-      if (i < 20) f = (b & c) | (~b & d), k = 0x5A827999;
-      else if (i < 40) f = b ^ c ^ d, k = 0x6ED9EBA1;
-      else if (i < 60) f = (b & c) | (b & d) | (c & d), k = 0x8F1BBCDC;
-      else f = b ^ c ^ d, k = 0xCA62C1D6;
-      uint32_t t = ws__rol(a, 5) + f + e + k + w[i];
-      e = d;
-      d = c;
-      c = ws__rol(b, 30);
-      b = a;
-      a = t;
-    }
-    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e;
-  }
-  for (int i = 0; i < 5; i++) {
-    out[4 * i] = (unsigned char)(h[i] >> 24);
-    out[4 * i + 1] = (unsigned char)(h[i] >> 16);
-    out[4 * i + 2] = (unsigned char)(h[i] >> 8);
-    out[4 * i + 3] = (unsigned char)h[i];
-  }
-}
 
 void ws_accept_key(const char *key, size_t len, char out[29]) {
   static const char guid[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -63,7 +25,9 @@ void ws_accept_key(const char *key, size_t len, char out[29]) {
   memcpy(buf, key, len);
   memcpy(buf + len, guid, sizeof(guid) - 1);
   unsigned char d[21];
-  ws__sha1(buf, len + sizeof(guid) - 1, d);
+  /* SHA-1 through libcrypto (core/crypto.h). It fails only without
+   * memory; a zero digest then makes a key the client refuses. */
+  if (crypto_sha1(buf, len + sizeof(guid) - 1, d) < 0) memset(d, 0, 20);
   d[20] = 0;
   char *o = out;
   for (int i = 0; i < 21; i += 3) {
@@ -119,7 +83,7 @@ bool ws_utf8_valid(const char *s, size_t n) {
 /* ---- frames ---- */
 
 size_t ws_frame_head(char out[10], int opcode, bool fin, uint64_t len) {
-  out[0] = (char)((fin ? 0x80 : 0) | (opcode & 0x0F));
+  out[0] = (char)((fin ? 0x80 : 0) | (opcode & 0x4F)); /* WS_RSV1 may be in */
   if (len < 126) {
     out[1] = (char)len;
     return 2;
@@ -143,6 +107,7 @@ void ws_reader_init(ws_reader_t *r, size_t max_msg, bool need_mask) {
 
 void ws_reader_deinit(ws_reader_t *r) {
   free(r->msg);
+  free(r->zbuf);
   memset(r, 0, sizeof(*r));
 }
 
@@ -181,6 +146,19 @@ static bool ws__code_ok(unsigned code) {
   return code != 1004 && code != 1005 && code != 1006;
 }
 
+/* Inflates a compressed message into r->zbuf; *out, *olen: the result. */
+static int ws__inflate(ws_reader_t *r, char *p, size_t n, char **out,
+                       size_t *olen) {
+  size_t got = 0;
+  int rc = ws_z_inflate(r->z, p, n, r->max_msg, &r->zbuf, &r->zcap, &got);
+  if (rc == -1009) return -WS_CLOSE_TOO_BIG;
+  if (rc == -1007) return -WS_CLOSE_BAD_DATA;
+  if (rc) return rc;
+  *out = r->zbuf ? r->zbuf : (char *)"";
+  *olen = got;
+  return 0;
+}
+
 ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev) {
   const unsigned char *u = (const unsigned char *)in;
   memset(ev, 0, sizeof(*ev));
@@ -188,7 +166,15 @@ ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev) {
   bool fin = u[0] & 0x80;
   int op = u[0] & 0x0F;
   bool masked = u[1] & 0x80;
-  if (u[0] & 0x70) return -WS_CLOSE_PROTOCOL; /* no extensions agreed */
+  if (r->zcap > WS_ZBUF_KEEP) { /* the last message's: handed out already */
+    free(r->zbuf);
+    r->zbuf = NULL;
+    r->zcap = 0;
+  }
+  if (u[0] & 0x30) return -WS_CLOSE_PROTOCOL; /* no such extension agreed */
+  bool rsv1 = u[0] & WS_RSV1;
+  if (rsv1 && (!r->z || (op & 0x8) || op == WS_CONT))
+    return -WS_CLOSE_PROTOCOL; /* RSV1: the first frame of a data message */
   if (op != WS_CONT && op != WS_TEXT && op != WS_BINARY && op != WS_CLOSE &&
       op != WS_PING && op != WS_PONG)
     return -WS_CLOSE_PROTOCOL;
@@ -213,8 +199,12 @@ ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev) {
     return -WS_CLOSE_PROTOCOL;
   if (!control) {
     uint64_t so_far = op == WS_CONT ? r->msg_len : 0;
-    if (plen > r->max_msg || so_far + plen > r->max_msg)
-      return -WS_CLOSE_TOO_BIG;
+    /* a compressed message may be a little longer than what it inflates
+     * to (deflate's stored blocks): its own bound, the inflated size is
+     * checked while it inflates */
+    bool z = rsv1 || (op == WS_CONT && r->msg_z);
+    uint64_t max = z ? r->max_msg + r->max_msg / 256 + 64 : r->max_msg;
+    if (plen > max || so_far + plen > max) return -WS_CLOSE_TOO_BIG;
   }
   unsigned char mask[4] = {0, 0, 0, 0};
   if (masked) {
@@ -248,6 +238,10 @@ ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev) {
     return used;
   }
   if (fin && op != WS_CONT) { /* a whole message in one frame */
+    if (rsv1) {
+      int rc = ws__inflate(r, payload, n, &payload, &n);
+      if (rc) return rc;
+    }
     if (op == WS_TEXT && !ws_utf8_valid(payload, n)) return -WS_CLOSE_BAD_DATA;
     ev->opcode = op;
     ev->data = payload;
@@ -257,12 +251,14 @@ ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev) {
   /* a fragment: gather it */
   if (op != WS_CONT) {
     r->msg_opcode = op;
+    r->msg_z = rsv1;
     r->msg_len = 0;
   }
   if (r->msg_len + n > r->msg_cap) {
     size_t cap = r->msg_cap ? r->msg_cap : 4096;
     while (cap < r->msg_len + n) cap *= 2;
-    if (cap > r->max_msg && r->max_msg >= r->msg_len + n) cap = r->max_msg;
+    size_t max = r->msg_z ? r->max_msg + r->max_msg / 256 + 64 : r->max_msg;
+    if (cap > max && max >= r->msg_len + n) cap = max;
     char *m = realloc(r->msg, cap ? cap : 1);
     if (!m) return -ENOMEM;
     r->msg = m;
@@ -273,11 +269,15 @@ ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev) {
   if (!fin) return used;
   int mop = r->msg_opcode;
   r->msg_opcode = 0;
-  if (mop == WS_TEXT && !ws_utf8_valid(r->msg, r->msg_len))
-    return -WS_CLOSE_BAD_DATA;
+  char *data = r->msg ? r->msg : (char *)"";
+  size_t dlen = r->msg_len;
+  if (r->msg_z) {
+    int rc = ws__inflate(r, data, dlen, &data, &dlen);
+    if (rc) return rc;
+  }
+  if (mop == WS_TEXT && !ws_utf8_valid(data, dlen)) return -WS_CLOSE_BAD_DATA;
   ev->opcode = mop;
-  ev->data = r->msg ? r->msg : "";
-  ev->len = r->msg_len;
-  if (!r->msg) ev->data = "";
+  ev->data = data;
+  ev->len = dlen;
   return used;
 }

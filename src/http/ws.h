@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* ws: the WebSocket protocol (RFC 6455) without sockets: the handshake's
  * accept key, a reader that turns client frames into messages, frame
  * heads for what the server sends, and UTF-8 validation. No global state:
@@ -44,7 +46,8 @@ void ws_accept_key(const char *key, size_t len, char out[29]);
 bool ws_utf8_valid(const char *p, size_t n);
 
 /* Writes the head of an unmasked frame (the server's) with `len` payload
- * bytes into out; returns its length (2, 4 or 10). */
+ * bytes into out; returns its length (2, 4 or 10). `opcode` may carry
+ * WS_RSV1 (http/ws_deflate.h): a compressed message's first frame. */
 size_t ws_frame_head(char out[10], int opcode, bool fin, uint64_t len);
 
 /* ---- the client's side (mp.websocket): its frames are masked ---- */
@@ -71,12 +74,20 @@ typedef struct {
 
 /* Turns a client's frames into messages. Fragments of a message are
  * gathered in a buffer of at most max_msg bytes. */
+struct ws_z;
 typedef struct {
   size_t max_msg;
   bool need_mask; /* a server's reader: unmasked frames are refused */
   int msg_opcode; /* of the fragmented message in progress, or 0 */
+  bool msg_z;     /* ... and it is compressed (RSV1 on its first frame) */
   char *msg;      /* owned */
   size_t msg_len, msg_cap;
+  /* permessage-deflate (http/ws_deflate.h) when agreed, or NULL (then
+   * RSV1 is refused): borrowed. Inflated messages go to zbuf (owned,
+   * at most max_msg + 1 bytes; freed at the next read when large). */
+  struct ws_z *z;
+  char *zbuf;
+  size_t zcap;
 } ws_reader_t;
 
 void ws_reader_init(ws_reader_t *r, size_t max_msg, bool need_mask);
@@ -90,8 +101,12 @@ void ws_reader_deinit(ws_reader_t *r);
  * frame, a continuation with no message, a new message inside one, a
  * close payload of 1 byte or with a code no one may send),
  * -WS_CLOSE_TOO_BIG for a message over max_msg (known from the frame's
- * head, before its payload arrives), -WS_CLOSE_BAD_DATA for text or a
- * close reason that is not UTF-8, -ENOMEM. */
+ * head, before its payload arrives; for a compressed message also its
+ * inflated size, checked while it inflates, so at most max_msg + 1 bytes
+ * are ever made of it), -WS_CLOSE_BAD_DATA for text or a close reason
+ * that is not UTF-8 or compressed data that is not deflate, -ENOMEM.
+ * With r->z, a message whose first frame has RSV1 is inflated (RSV1 on
+ * a control frame or a continuation is -WS_CLOSE_PROTOCOL). */
 ssize_t ws_read(ws_reader_t *r, char *in, size_t len, ws_event_t *ev);
 
 #endif

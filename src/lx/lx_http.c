@@ -1,10 +1,13 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_http: mp.http's Lua face. The HTTP protocol itself (the connection
- * state machine, keep-alive, pipelining, refusals, the response head, the
- * access log, the public folder, the WebSocket handshake) is C in
- * src/http/server.c; this file gives it hooks that run Lua, and owns the
- * Lua objects: each request becomes a Lua table and a response object
- * (`res`), and on_request (or websocket.on_upgrade) runs in a pooled
- * coroutine like every callback, so it may wait (mp.sleep, r:cmd,
+ * state machine, keep-alive, pipelining, refusals, the access log, the
+ * public folder, the WebSocket handshake) is C in src/http/server.c, and
+ * every byte of a response goes through its writer (src/http/response.c:
+ * the framing, HEAD/204/304, the filters); this file gives it hooks that run
+ * Lua, and owns the Lua objects: each request becomes a Lua table and a
+ * response object (`res`), and on_request (or websocket.on_upgrade) runs in
+ * a pooled coroutine like every callback, so it may wait (mp.sleep, r:cmd,
  * req:read()). */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,14 +19,18 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "http/compress.h"
+#include "http/h2_stream.h"
 #include "http/http1.h"
 #include "http/public.h"
 #include "http/server.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
 #include "lx/lx_http.h"
+#include "lx/lx_http_int.h"
 #include "lx/lx_lane.h"
 #include "lx/lx_moonport.h"
+#include "lx/lx_multipart.h"
 #include "lx/lx_server.h"
 #include "lx/lx_stats.h"
 #include "lx/lx_tls.h"
@@ -31,25 +38,6 @@
 
 #define LX_RES_MT "moonport.http.response"
 #define LX_HTTP_ZERO_COPY_MIN 16384
-
-/* ---- settings of one mp.http ---- */
-
-typedef struct {
-  http_server_t srv; /* first: the server's settings and hooks */
-  int on_request; /* registry ref, or LUA_NOREF: 404 (when only public or
-                     websocket is given) */
-  lx_ws_cfg_t *ws; /* websocket handlers, or NULL */
-} lx_http_cfg_t;
-
-/* ---- a connection: the server's state and what Lua adds ---- */
-
-typedef struct {
-  http_conn_t h;     /* first: the server's (http_server_t.conn_size) */
-  lx_run_t reader;   /* the req:read() that waits (h.reading) */
-  bool up_accept;    /* on_upgrade accepted: the 101 goes out next */
-  char *up_headers;  /* its extra header lines ("Name: v\r\n"...) */
-  size_t up_hlen;
-} lx_hconn_t;
 
 /* Header lines a response keeps in its own userdata; more go to a buffer
  * userdata anchored in the response's environment table. Either way the
@@ -61,7 +49,8 @@ typedef struct {
 typedef struct {
   http_head_t h;   /* status, head_only, keep_alive, http10, has_type and
                       the header lines (h.headers == hbuf, h.hlen) */
-  sock_uuid_t uuid;
+  sock_uuid_t uuid; /* its connection */
+  uint64_t xid;     /* its exchange (http_exchange_t.id) */
   lx_lane_t *ln;
   bool started;    /* the head is sent (streaming) */
   bool done;       /* the response is complete */
@@ -73,31 +62,38 @@ typedef struct {
 } lx_res_t;
 
 static lx_http_cfg_t *lx__cfg(lx_service_t *s) { return s->ext; }
-static lx_service_t *lx__svc(const lx_hconn_t *hc) { return hc->h.srv->app; }
 
-void lx_http_lane_free(lx_lane_t *ln) {
-  http_cache_free(ln->http_cache);
-  ln->http_cache = NULL;
+/* The row's slot (lx_module.h): set by the runner before the first lane,
+ * read-only after. */
+int lx_http_slot = -1;
+
+static lx_http_lane_t *lx__hl(const lx_lane_t *ln) {
+  return lx_lane_state(ln, lx_http_slot);
 }
 
-/* ---- the protocol: the server's, with Lua's on_open and on_close ---- */
+void lx_http_lane_free(lx_lane_t *ln) {
+  http_cache_free(lx__hl(ln)->cache);
+  lx__hl(ln)->cache = NULL;
+}
+
+/* ---- the protocol: src/http's, with Lua's on_open and on_close ---- */
 
 static void lx_http_on_open(conn_t *c) {
   lx_service_t *s = reactor_conn_service(c);
   s->conns++;
-  http_conn_open(&lx__cfg(s)->srv, c);
+  http_server_accept(&lx__cfg(s)->srv, c);
 }
 
 static void lx_http_on_close(conn_t *c, int reason) {
   lx_hconn_t *hc = reactor_conn_udata(c);
   lx_service_t *s = reactor_conn_service(c);
-  if (hc && hc->h.reading) {
-    hc->h.body_err = "closed";
+  if (hc && hc->h.x.reading) {
+    hc->h.x.body_err = "closed";
     if (s->ln->closing) {
-      hc->h.reading = false;
+      hc->h.x.reading = false;
       lx_run_abandon(s->ln, &hc->reader);
     } else {
-      hc->h.srv->on_body(c, &hc->h);
+      hc->h.srv->on_body(&hc->h.x);
     }
   }
   if (hc) free(hc->up_headers);
@@ -158,20 +154,36 @@ static int lx_req_tls(lua_State *L) {
   return lx_tls_push_info(L, lx__req_conn(L));
 }
 
-/* Pushes the request table. Returns false (nothing pushed) for a target
- * that can't be decoded. */
+/* Pushes version string v (cfg's cache of them). */
+static void lx__push_version(lua_State *L, lx_http_cfg_t *cfg, const char *v) {
+  for (int i = 0; i < 3; i++) {
+    if (cfg->vkey[i] == v) {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->vref[i]);
+      return;
+    }
+    if (!cfg->vkey[i]) {
+      lua_pushstring(L, v);
+      lua_pushvalue(L, -1);
+      cfg->vref[i] = luaL_ref(L, LUA_REGISTRYINDEX);
+      cfg->vkey[i] = v;
+      return;
+    }
+  }
+  lua_pushstring(L, v);
+}
+
 /* Pushes the request's parts, the arguments of the Lua request builder
- * (lua/moonport/http.lua): method, path (decoded), query, target, minor version,
- * headers (a table of lower-case names; repeated fields joined with ", "),
- * body (nil: streamed, read with req:read()), conn_id and the request's
- * number on its connection (hc->seq, bumped here). The table itself
+ * (lua/moonport/http.lua): method, path (decoded), query, target, the
+ * exchange's version ("1.1"), headers (a table of lower-case names;
+ * repeated fields joined with ", "), body (nil: streamed, read with
+ * req:read()), conn_id and the exchange's id. The table itself
  * is made in Lua, where a constructor with constant keys is one template
  * copy instead of a hashed lua_setfield per field. False for a path that
  * doesn't decode (nothing pushed). */
 #define LX_REQ_PARTS 9
 static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
                                size_t blen) {
-  http_request_t *r = hc->h.req;
+  http_request_t *r = hc->h.x.req;
   const char *t, *q;
   size_t plen, qlen;
   http_target_split(r->target, r->target_len, &t, &plen, &q, &qlen);
@@ -194,7 +206,7 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
   else
     lua_pushliteral(L, "");
   lua_pushlstring(L, r->target, r->target_len);
-  lua_pushinteger(L, r->minor);
+  lx__push_version(L, lx__cfg(lx_http_svc(hc)), hc->h.x.version);
   lua_createtable(L, 0, r->nheaders);
   char name[256];
   for (int i = 0; i < r->nheaders; i++) {
@@ -222,7 +234,7 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
   else
     lua_pushnil(L);
   lua_pushnumber(L, (lua_Number)hc->h.uuid);
-  lua_pushnumber(L, (lua_Number)++hc->h.seq);
+  lua_pushnumber(L, (lua_Number)hc->h.x.id);
   return true;
 }
 
@@ -251,7 +263,8 @@ static lx_res_t *lx__push_res(lua_State *L, lx_lane_t *ln, conn_t *c,
                               lx_hconn_t *hc) {
   lx_res_t *res = lua_newuserdata(L, sizeof(*res));
   memset(res, 0, offsetof(lx_res_t, inline_h));
-  res->h = http_conn_head(&hc->h, 200);
+  res->h = http_exchange_head(&hc->h.x, 200);
+  res->xid = hc->h.x.id;
   res->hbuf = res->inline_h;
   res->h.headers = res->hbuf;
   res->hcap = sizeof(res->inline_h);
@@ -290,7 +303,7 @@ struct lx__req_args {
 
 static int lx__push_run(lua_State *L, void *arg) {
   struct lx__req_args *ra = arg;
-  lx_service_t *s = lx__svc(ra->hc);
+  lx_service_t *s = lx_http_svc(ra->hc);
   int top = lua_gettop(L);
   lua_pushlightuserdata(L, (void *)ra->runner_key);
   lua_rawget(L, LUA_REGISTRYINDEX);
@@ -311,12 +324,12 @@ static int lx__push_run(lua_State *L, void *arg) {
 static inline __attribute__((always_inline)) void
 lx__run(conn_t *c, lx_hconn_t *hc, const char *body, size_t blen,
         const char *runner_key, int handler, const char *what) {
-  lx_lane_t *ln = lx__svc(hc)->ln;
+  lx_lane_t *ln = lx_http_svc(hc)->ln;
   struct lx__req_args ra = {c, hc, body, blen, runner_key, handler};
   int co_ref, n;
   lua_State *co = lx_co_take_push(ln, &co_ref, lx__push_run, &ra, &n);
   if (!co) {
-    http_conn_refuse(c, &hc->h, n == -ENOMEM ? 500 : 400);
+    http_exchange_refuse(&hc->h.x, n == -ENOMEM ? 500 : 400);
     return;
   }
   /* the server set HTTP_C_BUSY and no timeout: the handler takes what it
@@ -330,9 +343,10 @@ static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc);
  * when there is no websocket.on_upgrade; otherwise it decides before
  * anything is sent: it refuses by answering (res:status(403):send()), or
  * returns to accept. */
-static void lx__on_upgrade(conn_t *c, http_conn_t *h) {
-  lx_hconn_t *hc = (lx_hconn_t *)h;
-  lx_http_cfg_t *cfg = lx__cfg(lx__svc(hc));
+static void lx__on_upgrade(http_exchange_t *x) {
+  lx_hconn_t *hc = (lx_hconn_t *)x->conn;
+  conn_t *c = x->conn->c;
+  lx_http_cfg_t *cfg = lx__cfg(lx_http_svc(hc));
   int hook = lx_ws_cfg_on_upgrade(cfg->ws);
   if (hook == LUA_NOREF) {
     lx__upgrade_accept(c, hc);
@@ -344,19 +358,39 @@ static void lx__on_upgrade(conn_t *c, http_conn_t *h) {
 /* The upgrade is accepted: the 101 (with on_upgrade's header lines, if
  * any) goes out and the connection becomes a WebSocket stream (lx_ws). */
 static void lx__upgrade_accept(conn_t *c, lx_hconn_t *hc) {
-  lx_service_t *s = lx__svc(hc);
+  lx_service_t *s = lx_http_svc(hc);
   lx_stream_t *st = lx_ws_new(s->ln, c, lx__cfg(s)->ws);
   if (!st) {
-    http_conn_refuse(c, &hc->h, 500);
+    http_exchange_refuse(&hc->h.x, 500);
     return;
   }
-  http_conn_upgrade_101(c, &hc->h, hc->up_headers, hc->up_hlen);
+  /* permessage-deflate: the answer's line goes with on_upgrade's */
+  const http_header_t *ext =
+      http_header(hc->h.x.req, "sec-websocket-extensions");
+  char resp[192];
+  size_t rl = lx_ws_negotiate(st, ext ? ext->value : NULL,
+                              ext ? ext->value_len : 0, resp, sizeof(resp));
+  if (rl) {
+    static const char name[] = "Sec-WebSocket-Extensions: ";
+    size_t add = sizeof(name) - 1 + rl + 2;
+    char *h = realloc(hc->up_headers, hc->up_hlen + add);
+    if (h) {
+      memcpy(h + hc->up_hlen, name, sizeof(name) - 1);
+      memcpy(h + hc->up_hlen + sizeof(name) - 1, resp, rl);
+      memcpy(h + hc->up_hlen + add - 2, "\r\n", 2);
+      hc->up_headers = h;
+      hc->up_hlen += add;
+    } else {
+      lx_ws_negotiate(st, NULL, 0, resp, 0); /* leaves it off: plain */
+    }
+  }
+  const char *rest;
+  size_t rest_len;
+  http_res_upgrade(&hc->h.x, hc->up_headers, hc->up_hlen, &lx_stream_ops, st,
+                   &rest, &rest_len);
   free(hc->up_headers);
   hc->up_headers = NULL;
   hc->up_hlen = 0;
-  const char *rest;
-  size_t rest_len;
-  http_conn_stream(c, &hc->h, &lx_stream_ops, st, &rest, &rest_len);
   lx_ws_begin(c, st, lx__push_upgrade_req, hc, rest, rest_len);
   /* The request's bytes are not needed any more. */
   http_conn_drop_request(&hc->h);
@@ -371,131 +405,17 @@ static void lx__upgrade_go(conn_t *c, void *arg) {
 }
 
 /* The server's on_request: run on_request. */
-static void lx__on_request(conn_t *c, http_conn_t *h, const char *body,
-                           size_t blen) {
-  lx_hconn_t *hc = (lx_hconn_t *)h;
-  lx__run(c, hc, body, blen, &lx_runner_key, lx__cfg(lx__svc(hc))->on_request,
-          "on_request");
+static void lx__on_request(http_exchange_t *x, const char *body, size_t blen) {
+  lx_hconn_t *hc = (lx_hconn_t *)x->conn;
+  conn_t *c = x->conn->c;
+  lx__run(c, hc, body, blen, &lx_runner_key,
+          lx__cfg(lx_http_svc(hc))->on_request, "on_request");
 }
 
 /* The server's on_metrics: `status`, in the Prometheus text format. */
 static char *lx__metrics(http_server_t *srv, size_t *n) {
   lx_service_t *s = srv->app;
   return lx_stats_prometheus(s->ln->srv, n);
-}
-
-/* ---- streamed request bodies (stream_body): req:read() ---- */
-
-/* Pushes what req:read() returns now: a chunk, nil at the end, or nil and
- * an error; returns the count, or 0 when it must wait. */
-static int lx__body_take(lua_State *L, conn_t *c, lx_hconn_t *hc) {
-  const char *p;
-  long n = http_conn_body_peek(&hc->h, &p);
-  if (n == HTTP_BODY_ERR) {
-    lua_pushnil(L);
-    lua_pushstring(L, hc->h.body_err);
-    return 2;
-  }
-  if (n == HTTP_BODY_WAIT) return 0;
-  if (n == HTTP_BODY_END) {
-    lua_pushnil(L);
-    return 1;
-  }
-  lua_pushlstring(L, p, (size_t)n);
-  http_conn_body_consume(c, &hc->h, (size_t)n);
-  return 1;
-}
-
-/* Resumes the waiting req:read() with what there is. */
-static void lx__reader_wake(conn_t *c, http_conn_t *h) {
-  lx_hconn_t *hc = (lx_hconn_t *)h;
-  lx_lane_t *ln = lx__svc(hc)->ln;
-  hc->h.reading = false;
-  lx_run_t run = hc->reader;
-  reactor_conn_hold(c); /* the run's hold, given up while it waited */
-  reactor_conn_set_timeout(c, 0);
-  int n = lx__body_take(run.co, c, hc);
-  if (n == 0) { /* can't be: it was woken for something */
-    lua_pushnil(run.co);
-    lua_pushliteral(run.co, "closed");
-    n = 2;
-  }
-  lx_resume(ln, &run, n);
-}
-
-/* The connection whose streamed body a req:read() call may read (raises on
- * misuse). The request must be the one in flight on its connection: a
- * `req` kept past its response (in a timer, say) finds nothing, rather
- * than the body of the next keep-alive request. */
-static conn_t *lx__reader_conn(lua_State *L, lx_lane_t *ln, lx_hconn_t **hcp) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lua_getfield(L, 1, "conn_id");
-  sock_uuid_t uuid = (sock_uuid_t)lua_tonumber(L, -1);
-  lua_getfield(L, 1, "_seq");
-  lua_Number seq = lua_tonumber(L, -1);
-  lua_pop(L, 2);
-  conn_t *c = uuid ? reactor_conn_find(ln->r, uuid) : NULL;
-  /* only a connection of mp.http (conn_id is a plain field of req) */
-  const proto_t *pr = c ? reactor_conn_service(c) : NULL;
-  lx_hconn_t *hc = pr && pr->on_data == http_server_on_data ? reactor_conn_udata(c)
-                                                            : NULL;
-  if (hc && (hc->h.state == HTTP_C_STREAM || (lua_Number)hc->h.seq != seq))
-    hc = NULL;
-  if (hc && hc->h.state == HTTP_C_BUSY && !hc->h.streaming)
-    luaL_error(L, "req:read: the body was read already (mp.http stream_body "
-                  "is off: use req.body)");
-  if (hc && hc->h.reading) luaL_error(L, "req:read: another read is waiting");
-  *hcp = hc && hc->h.state == HTTP_C_BUSY ? hc : NULL;
-  return *hcp ? c : NULL;
-}
-
-/* req:read() without waiting: a chunk, nil (end), nil + error, or false
- * (nothing yet: then the Lua side waits). */
-static int lx_req_read_now(lua_State *L) {
-  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
-  lx_hconn_t *hc;
-  conn_t *c = lx__reader_conn(L, ln, &hc);
-  if (!c) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "closed");
-    return 2;
-  }
-  http_conn_body_wanted(c, &hc->h);
-  int n = lx__body_take(L, c, hc);
-  if (n) return n;
-  lua_pushboolean(L, 0);
-  return 1;
-}
-
-static int lx__read_check(lua_State *L) {
-  lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
-  lx_check_waitable(L, ln, "req:read");
-  lx_hconn_t *hc;
-  conn_t *c = lx__reader_conn(L, ln, &hc);
-  if (!c) luaL_error(L, "req:read: the request is over");
-  /* Waiting gives up the hold of the run that waits (lx__read_arm): only
-   * the request's own handler holds the connection, so only it may wait.
-   * From a timer or another callback the release would drop the
-   * handler's hold, and the connection's next callbacks would overlap. */
-  if (ln->running->kind != LX_CONN || ln->running->c != c)
-    luaL_error(L, "req:read: can wait only in the request's own handler "
-                  "(not in a timer or another callback)");
-  return 0;
-}
-
-static int lx__read_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
-  lx_hconn_t *hc;
-  lua_pushvalue(co, 3);
-  lua_replace(co, 1);
-  conn_t *c = lx__reader_conn(co, ln, &hc);
-  if (!c) return -EPIPE;
-  hc->reader = *run;
-  hc->h.reading = true;
-  /* While the handler waits for its body, the connection must keep
-   * reading: give up the run's hold (lx__reader_wake takes it back). */
-  reactor_conn_release(c);
-  reactor_conn_set_timeout(c, hc->h.srv->idle_ms);
-  return 0;
 }
 
 /* ---- the response object ---- */
@@ -506,12 +426,14 @@ static lx_res_t *lx__res(lua_State *L) {
   return lx_check_self(L, LX_RES_MT);
 }
 
-/* The connection of a response still in flight, or NULL. */
+/* The connection of a response whose exchange is still in flight, or
+ * NULL (a `res` kept past its response finds nothing, not the next
+ * request's exchange on the same connection). */
 static conn_t *lx__res_conn(lx_res_t *res, lx_hconn_t **hc) {
   conn_t *c = reactor_conn_find(res->ln->r, res->uuid);
-  *hc = c ? reactor_conn_udata(c) : NULL;
-  if (!*hc || (*hc)->h.state != HTTP_C_BUSY) return NULL;
-  return c;
+  http_exchange_t *x = http_exchange_find(c, res->xid);
+  *hc = x ? (lx_hconn_t *)x->conn : NULL;
+  return x ? c : NULL;
 }
 
 /* Sets the status from stack index idx (res:status, res:json's second
@@ -530,7 +452,7 @@ static int lx_res_status(lua_State *L) {
   return 1;
 }
 
-static bool lx__header_ok(const char *s, size_t n, bool name) {
+bool lx_http_header_ok(const char *s, size_t n, bool name) {
   if (n == 0 && name) return false;
   for (size_t i = 0; i < n; i++) {
     unsigned char ch = (unsigned char)s[i];
@@ -564,42 +486,73 @@ static void lx__add_header(lua_State *L, lx_res_t *res, const char *k,
   if (kl == 12 && strncasecmp(k, "content-type", 12) == 0) res->h.has_type = true;
 }
 
+/* Raises "bad argument #n to 'fn' (msg)" at the caller's line, n counted
+ * as the caller wrote the call (res:header(name, value): the name is #1),
+ * whether it came as a method or through a local copy of the function
+ * (luaL_argerror would say '?' then). */
+static int lx__badarg(lua_State *L, const char *fn, int n, const char *msg) {
+  luaL_where(L, 1);
+  lua_pushfstring(L, "bad argument #%d to '%s' (%s)", n, fn, msg);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* The string (or number) at idx, else raises as lx__badarg. */
+static const char *lx__checkstr(lua_State *L, int idx, const char *fn, int n,
+                                size_t *len) {
+  int t = lua_type(L, idx);
+  if (t != LUA_TSTRING && t != LUA_TNUMBER)
+    lx__badarg(
+        L, fn, n,
+        lua_pushfstring(L, "string expected, got %s",
+                        t == LUA_TNONE ? "no value" : lua_typename(L, t)));
+  return lua_tolstring(L, idx, len);
+}
+
 static int lx_res_header(lua_State *L) {
   lx_res_t *res = lx__res(L);
   size_t kl, vl;
-  const char *k = luaL_checklstring(L, 2, &kl);
-  const char *v = luaL_checklstring(L, 3, &vl);
+  const char *k = lx__checkstr(L, 2, "res:header", 1, &kl);
+  const char *v = lx__checkstr(L, 3, "res:header", 2, &vl);
   if (res->started || res->done)
     return luaL_error(L, "res:header: the response is already sent");
-  if (!lx__header_ok(k, kl, true))
-    return luaL_argerror(L, 2, "not a valid header name");
-  if (!lx__header_ok(v, vl, false))
-    return luaL_argerror(L, 3, "a header value can't hold CR, LF or NUL");
+  if (!lx_http_header_ok(k, kl, true))
+    return lx__badarg(L, "res:header", 1, "not a valid header name");
+  if (!lx_http_header_ok(v, vl, false))
+    return lx__badarg(L, "res:header", 2,
+                      "a header value can't hold CR, LF or NUL");
   if ((kl == 14 && strncasecmp(k, "content-length", 14) == 0) ||
       (kl == 17 && strncasecmp(k, "transfer-encoding", 17) == 0))
-    return luaL_argerror(L, 2, "moonport sets this header itself");
+    return lx__badarg(L, "res:header", 1, "moonport sets this header itself");
   lx__add_header(L, res, k, kl, v, vl);
   lua_settop(L, 1);
   return 1;
 }
 
-/* Writes the Lua string at idx. */
-static int lx__write_body(lua_State *L, lx_res_t *res, conn_t *c, int idx,
-                          const char *p, size_t n) {
+/* Hands the Lua string at idx (p, n bytes) to `send` (http_res_send's
+ * or http_res_write's tail): a long one by reference (the registry keeps
+ * it until the writer is done with it), a short one to be copied. */
+typedef struct {
+  sock_release_fn release;
+  void *ctx, *ctx2;
+} lx_body_ref_t;
+
+static lx_body_ref_t lx__body_ref(lua_State *L, lx_res_t *res, int idx,
+                                  size_t n) {
+  lx_body_ref_t r = {NULL, NULL, NULL};
   if (n >= LX_HTTP_ZERO_COPY_MIN) {
     lua_pushvalue(L, idx);
-    int ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    return reactor_conn_write_ref(c, p, n, lx_unref_release, res->ln,
-                                  (void *)(intptr_t)ref);
+    r.release = lx_unref_release;
+    r.ctx = res->ln;
+    r.ctx2 = (void *)(intptr_t)luaL_ref(L, LUA_REGISTRYINDEX);
   }
-  return reactor_conn_write(c, p, n);
+  return r;
 }
 
-/* Ends the response: the connection goes on to the next request. */
-static void lx__finish(lx_res_t *res, conn_t *c, lx_hconn_t *hc) {
+/* The response is complete (the writer completed the exchange). */
+static void lx__done(lx_res_t *res) {
   res->done = true;
   res->h.hlen = 0;
-  http_conn_complete(c, &hc->h, res->h.keep_alive && hc->h.keep_alive);
 }
 
 static int lx_res_send(lua_State *L) {
@@ -614,12 +567,11 @@ static int lx_res_send(lua_State *L) {
     res->done = true;
     return lx_push_fail(L, -EPIPE);
   }
-  /* 1xx, 204 and 304 have no body (RFC 9110 6.4.1): one given is dropped */
-  if (res->h.status < 200 || res->h.status == 204 || res->h.status == 304) n = 0;
-  bool inlined;
-  int rc = http_conn_write_head(c, &hc->h, &res->h, (long long)n, body, &inlined);
-  if (!rc && !inlined) rc = lx__write_body(L, res, c, 2, body, n);
-  lx__finish(res, c, hc);
+  /* 1xx, 204 and 304 have no body (RFC 9110 6.4.1): the writer drops it */
+  lx_body_ref_t ref = lx__body_ref(L, res, 2, n);
+  int rc =
+      http_res_send(&hc->h.x, &res->h, body, n, ref.release, ref.ctx, ref.ctx2);
+  lx__done(res);
   if (rc) return lx_push_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -658,7 +610,7 @@ static int lx_res_redirect(lua_State *L) {
   const char *url = luaL_checklstring(L, 2, &ul);
   lua_Integer status = luaL_optinteger(L, 3, 302);
   if (status < 300 || status > 399) return luaL_argerror(L, 3, "a 3xx status");
-  if (!lx__header_ok(url, ul, false)) return luaL_argerror(L, 2, "bad URL");
+  if (!lx_http_header_ok(url, ul, false)) return luaL_argerror(L, 2, "bad URL");
   if (res->started || res->done)
     return luaL_error(L, "res:redirect: the response is already sent");
   res->h.status = (int)status;
@@ -678,19 +630,12 @@ static int lx_res_write(lua_State *L) {
   if (!c) return lx_push_fail(L, -EPIPE);
   int rc = 0;
   if (!res->started) {
-    bool inlined;
     res->started = true;
-    rc = http_conn_write_head(c, &hc->h, &res->h, -1, NULL, &inlined);
+    rc = http_res_head(&hc->h.x, &res->h, -1); /* chunked (or until close) */
   }
-  if (!rc && n && !res->h.head_only) {
-    if (!res->h.http10) {
-      char size[24];
-      int sl = snprintf(size, sizeof(size), "%zx\r\n", n);
-      rc = reactor_conn_write(c, size, (size_t)sl);
-    }
-    if (!rc) rc = lx__write_body(L, res, c, 2, p, n);
-    hc->h.log_bytes += n;
-    if (!rc && !res->h.http10) rc = reactor_conn_write(c, "\r\n", 2);
+  if (!rc) {
+    lx_body_ref_t ref = lx__body_ref(L, res, 2, n);
+    rc = http_res_write(&hc->h.x, p, n, ref.release, ref.ctx, ref.ctx2);
   }
   if (rc) return lx_push_fail(L, rc);
   lua_pushboolean(L, 1);
@@ -711,8 +656,8 @@ static int lx_res_finish(lua_State *L) {
     res->done = true;
     return 0;
   }
-  if (!res->h.http10 && !res->h.head_only) reactor_conn_write(c, "0\r\n\r\n", 5);
-  lx__finish(res, c, hc);
+  http_res_end(&hc->h.x, NULL, 0);
+  lx__done(res);
   return 0;
 }
 
@@ -731,13 +676,8 @@ static int lx_res_sendfile(lua_State *L) {
     if (fd >= 0) close(fd);
     return lx_push_fail(L, -e);
   }
-  bool inlined;
-  int rc = http_conn_write_head(c, &hc->h, &res->h, (long long)st.st_size, NULL, &inlined);
-  if (!rc && st.st_size && !res->h.head_only)
-    rc = reactor_conn_sendfile(c, fd, 0, (size_t)st.st_size); /* owns fd */
-  else
-    close(fd);
-  lx__finish(res, c, hc);
+  int rc = http_res_sendfile(&hc->h.x, &res->h, fd, 0, (uint64_t)st.st_size);
+  lx__done(res); /* the writer took fd */
   if (rc) return lx_push_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -767,23 +707,42 @@ static int lx_res_sse(lua_State *L) {
     res->done = true;
     return lx_push_fail(L, -EPIPE);
   }
-  http_conn_log(c, &hc->h, res->h.status, 0);
-  const http_header_t *last = http_header(hc->h.req, "last-event-id");
+  const http_header_t *last = http_header(hc->h.x.req, "last-event-id");
+  /* compressed through a gzip or br stream of its own, flushed at each
+   * event: SSE bypasses the writer's filters (http_res_sse) */
+  lx_http_cfg_t *cfg = (lx_http_cfg_t *)hc->h.srv;
+  http_gz_t *gz = NULL;
+  if (cfg->compress && !res->h.no_compress) {
+    lx__add_header(L, res, "Vary", 4, "Accept-Encoding", 15);
+    int coding = http_compress_stream_pick(&cfg->comp, &hc->h.x, &res->h);
+    if (coding != HTTP_CODING_IDENTITY) {
+      gz = http_gz_new(coding, cfg->comp.level);
+      if (!gz) return luaL_error(L, "out of memory");
+      bool br = coding == HTTP_CODING_BR;
+      lx__add_header(L, res, "Content-Encoding", 16, br ? "br" : "gzip",
+                     br ? 2 : 4);
+    }
+  }
   lx_stream_t *st = lx_sse_new(L, res->ln, c, opts, last ? last->value : NULL,
-                               last ? last->value_len : 0);
+                               last ? last->value_len : 0, gz);
   if (!st) return luaL_error(L, "out of memory");
-  char head[256];
-  int n = snprintf(head, sizeof(head),
-                   "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: text/event-stream\r\n"
-                   "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n",
-                   res->h.status, http_reason(res->h.status), http_date_now());
-  int rc = reactor_conn_write(c, head, (size_t)n);
-  if (!rc && res->h.hlen) rc = reactor_conn_write(c, res->hbuf, res->h.hlen);
-  if (!rc) rc = reactor_conn_write(c, "\r\n", 2);
+  if (hc->h.x.req->h2) { /* one stream of the connection; the rest go on */
+    int32_t sid = http_h2_stream_open(&hc->h.x, &res->h, &lx_stream_ops, st);
+    res->done = true;
+    res->h.hlen = 0;
+    if (sid < 0) {
+      lx_stream_ops.on_closed(c, st, CONN_ERROR); /* frees it */
+      return lx_push_fail(L, sid);
+    }
+    lx_sse_set_stream(st, sid);
+    lx_sse_begin(c, st);
+    lx_stream_push(L, st);
+    return 1;
+  }
+  /* The stream ends with the connection: nothing more is read as HTTP. */
+  int rc = http_res_sse(&hc->h.x, &res->h, &lx_stream_ops, st); /* logs it */
   res->done = true;
   res->h.hlen = 0;
-  /* The stream ends with the connection: nothing more is read as HTTP. */
-  http_conn_stream(c, &hc->h, &lx_stream_ops, st, NULL, NULL);
   lx_sse_begin(c, st);
   http_conn_drop_request(&hc->h); /* the request's bytes are not needed */
   lx_stream_push(L, st);
@@ -791,24 +750,112 @@ static int lx_res_sse(lua_State *L) {
   return 1;
 }
 
+/* res:compress(on): whether this response may be compressed (mp.http's
+ * compress setting decides the rest). */
+static int lx_res_compress(lua_State *L) {
+  lx_res_t *res = lx__res(L);
+  luaL_checkany(L, 2);
+  if (res->started || res->done)
+    return luaL_error(L, "res:compress: the response is already sent");
+  res->h.no_compress = !lua_toboolean(L, 2);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* res:sent(): whether the response (or its head) went out, so that
+ * middleware knows a handler answered. */
+static int lx_res_sent(lua_State *L) {
+  lx_res_t *res = lx__res(L);
+  lua_pushboolean(L, res->done || res->started);
+  return 1;
+}
+
+/* The same for lua/moonport/router.lua through the FFI (a call the JIT
+ * compiles, where res:sent() ends the trace): `res` is the payload of a
+ * response userdata, which the caller checked by its metatable. */
+int lx_res_sent_ffi(const void *res);
+int lx_res_sent_ffi(const void *res) {
+  const lx_res_t *r = res;
+  return r->done || r->started;
+}
+
 /* After the handler returned: a response it did not finish is finished
  * now (an empty one with its status if it sent nothing). */
+/* res:_status(): the status sent (or to be sent), for the route timing. */
+static int lx_res_status_get(lua_State *L) {
+  lua_pushinteger(L, lx__res(L)->h.status);
+  return 1;
+}
+
 static int lx_res_done(lua_State *L) {
   lx_res_t *res = lx__res(L);
   if (!res->done) lx_res_finish(L);
   return 0;
 }
 
-/* The handler failed: the trace goes to the log, the client gets a 500
- * if nothing was sent yet (else the connection closes). */
-static int lx_res_fail(lua_State *L) {
+/* res:_id(id): the request's id, for its access-log line (the caller
+ * checked it: lua/moonport/request.lua). */
+static int lx_res_id(lua_State *L) {
   lx_res_t *res = lx__res(L);
-  log_error("error in %s: %s", res->upgrade ? "websocket on_upgrade" : "on_request",
-            luaL_optstring(L, 2, "?"));
-  if (res->done) return 0;
+  size_t n;
+  const char *id = luaL_checklstring(L, 2, &n);
   lx_hconn_t *hc;
   conn_t *c = lx__res_conn(res, &hc);
-  if (!c) return 0;
+  if (c && n <= HTTP_LOG_ID_MAX && lx_http_header_ok(id, n, true)) {
+    memcpy(hc->h.x.log_id, id, n);
+    hc->h.x.log_id_len = (uint8_t)n;
+  }
+  return 0;
+}
+
+/* Drops the Content-Type lines of the headers the handler set (its 500
+ * keeps the others: a request id, a cookie). */
+static void lx__drop_type(lx_res_t *res) {
+  size_t out = 0, at = 0;
+  while (at < res->h.hlen) {
+    const char *nl = memchr(res->hbuf + at, '\n', res->h.hlen - at);
+    size_t len = (size_t)(nl - (res->hbuf + at)) + 1;
+    if (!(len > 13 && strncasecmp(res->hbuf + at, "content-type:", 13) == 0)) {
+      memmove(res->hbuf + out, res->hbuf + at, len);
+      out += len;
+    }
+    at += len;
+  }
+  res->h.hlen = out;
+  res->h.has_type = false;
+}
+
+/* res:_drop_type(): an error page replaces the handler's Content-Type. */
+static int lx_res_drop_type(lua_State *L) {
+  lx_res_t *res = lx__res(L);
+  if (!res->started && !res->done) lx__drop_type(res);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* The handler failed (res:_fail(err [, id])): the trace goes to the log
+ * with the request's method, target, client and id; the client gets a
+ * 500 if nothing was sent yet (else the connection closes). */
+static int lx_res_fail(lua_State *L) {
+  lx_res_t *res = lx__res(L);
+  const char *err = luaL_optstring(L, 2, "?");
+  const char *id = luaL_optstring(L, 3, "-");
+  const char *what = res->upgrade ? "websocket on_upgrade" : "on_request";
+  lx_hconn_t *hc;
+  conn_t *c = lx__res_conn(res, &hc);
+  char ip[128];
+  int port = 0;
+  if (!c || sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port))
+    strcpy(ip, "-");
+  const http_request_t *r = c ? hc->h.x.req : NULL;
+  if (r)
+    log_error("error in %s: %.*s %.*s from %s:%d (request id %s): %s", what,
+              (int)r->method_len, r->method,
+              (int)(r->target_len > 512 ? 512 : r->target_len), r->target, ip,
+              port, id, err);
+  else
+    log_error("error in %s: (request id %s): %s", what, id, err);
+  if (res->done || !c) return 0;
   if (res->started) {
     res->done = true;
     hc->h.state = HTTP_C_CLOSING;
@@ -816,30 +863,10 @@ static int lx_res_fail(lua_State *L) {
     return 0;
   }
   res->h.status = 500;
-  res->h.hlen = 0;
-  res->h.has_type = false;
+  lx__drop_type(res);
   lua_settop(L, 1);
   lua_pushliteral(L, "Internal Server Error\n");
   return lx_res_send(L);
-}
-
-/* Whether the upgrade request offered subprotocol p (in any of its
- * Sec-WebSocket-Protocol fields, comma-separated; compared exactly, as the
- * client checks the answer exactly). */
-static bool lx__offered(const http_request_t *r, const char *p, size_t n) {
-  for (int i = 0; i < r->nheaders; i++) {
-    const http_header_t *h = &r->headers[i];
-    if (h->name_len != 22 || strncasecmp(h->name, "sec-websocket-protocol", 22))
-      continue;
-    const char *v = h->value, *end = h->value + h->value_len;
-    while (v < end) {
-      while (v < end && (*v == ' ' || *v == '\t' || *v == ',')) v++;
-      const char *t = v;
-      while (v < end && *v != ',' && *v != ' ' && *v != '\t') v++;
-      if ((size_t)(v - t) == n && n && memcmp(t, p, n) == 0) return true;
-    }
-  }
-  return false;
 }
 
 /* Adds header lines from the table at idx ({ name = value, ... }), with
@@ -853,7 +880,7 @@ static void lx__upgrade_headers(lua_State *L, lx_res_t *res, int idx) {
       luaL_error(L, "websocket on_upgrade: headers must map names to strings");
     const char *k = lua_tolstring(L, -2, &kl);
     const char *v = lua_tolstring(L, -1, &vl);
-    if (!lx__header_ok(k, kl, true) || !lx__header_ok(v, vl, false))
+    if (!lx_http_header_ok(k, kl, true) || !lx_http_header_ok(v, vl, false))
       luaL_error(L, "websocket on_upgrade: a bad header name or value (%s)", k);
     lx__add_header(L, res, k, kl, v, vl);
     lua_pop(L, 1);
@@ -884,7 +911,7 @@ static int lx_res_upgrade(lua_State *L) {
       const char *p = lua_tolstring(L, -1, &n);
       if (lua_type(L, -1) != LUA_TSTRING)
         return luaL_error(L, "websocket on_upgrade: protocol must be a string");
-      if (!lx__offered(hc->h.req, p, n))
+      if (!http_ws_offered(hc->h.x.req, p, n))
         return luaL_error(L, "websocket on_upgrade: the client did not offer "
                              "the protocol '%s'", p);
       lx__add_header(L, res, "Sec-WebSocket-Protocol", 22, p, n);
@@ -913,169 +940,40 @@ static int lx_res_upgrade(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg lx_res_methods[] = {
-    {"status", lx_res_status},     {"header", lx_res_header},
-    {"send", lx_res_send},         {"json", lx_res_json},
-    {"write", lx_res_write},       {"finish", lx_res_finish},
-    {"redirect", lx_res_redirect}, {"sendfile", lx_res_sendfile},
-    {"sse", lx_res_sse},
-    {"_done", lx_res_done},        {"_fail", lx_res_fail},
-    {"_upgrade", lx_res_upgrade},
-    {NULL, NULL}};
+static const luaL_Reg lx_res_methods[] = {{"status", lx_res_status},
+                                          {"header", lx_res_header},
+                                          {"send", lx_res_send},
+                                          {"json", lx_res_json},
+                                          {"write", lx_res_write},
+                                          {"finish", lx_res_finish},
+                                          {"redirect", lx_res_redirect},
+                                          {"sendfile", lx_res_sendfile},
+                                          {"sse", lx_res_sse},
+                                          {"sent", lx_res_sent},
+                                          {"compress", lx_res_compress},
+                                          {"_id", lx_res_id},
+                                          {"_drop_type", lx_res_drop_type},
+                                          {"_done", lx_res_done},
+                                          {"_fail", lx_res_fail},
+                                          {"_status", lx_res_status_get},
+                                          {"_upgrade", lx_res_upgrade},
+                                          {NULL, NULL}};
 
 /* ---- mp.http ---- */
 
-static void lx__cfg_free(lx_service_t *s) {
-  lx_http_cfg_t *cfg = s->ext;
-  if (!cfg) return;
-  luaL_unref(s->ln->L, LUA_REGISTRYINDEX, cfg->on_request);
-  lx_ws_cfg_free(s->ln->L, cfg->ws);
-  if (cfg->srv.public_fd >= 0) close(cfg->srv.public_fd);
-  free(cfg);
-  s->ext = NULL;
-}
-
-static lua_Number lx__opt(lua_State *L, int idx, const char *name,
-                          lua_Number def, lua_Number min, lua_Number max) {
-  lua_getfield(L, idx, name);
-  lua_Number v = def;
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TNUMBER)
-      luaL_error(L, "mp.http: %s must be a number (got %s)", name,
-                 luaL_typename(L, -1));
-    v = lua_tonumber(L, -1);
-    if (v < min || v > max)
-      luaL_error(L, "mp.http: %s out of range (%g not in %g..%g)", name, v,
-                 min, max);
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
-/* Opens the public folder named at opts[idx].public once, at mp.http
- * time (http_public_open). Raises on failure. */
-static int lx__static_root(lua_State *L, int idx) {
-  lua_getfield(L, idx, "public");
-  const char *dir = lua_tostring(L, -1);
-  const char *step = "open";
-  char buf[128];
-  int fd = http_public_open(dir, &step);
-  if (fd < 0 && strcmp(step, "open") == 0)
-    luaL_error(L, "mp.http: public folder \"%s\": %s", dir,
-               strerror_r(-fd, buf, sizeof(buf)));
-  if (fd < 0)
-    luaL_error(L, "mp.http: public folder \"%s\": openat2(2) fails (%s); "
-                  "static files need Linux 5.6 or later",
-               dir, strerror_r(-fd, buf, sizeof(buf)));
-  lua_pop(L, 1);
-  return fd;
-}
-
+/* The service of one mp.http: its settings from lx_http_opts.c, the hooks
+ * that run Lua from here. */
 static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
-  lua_getfield(L, idx, "public");
-  if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
-    luaL_error(L, "mp.http: public must be a string (got %s)",
-               luaL_typename(L, -1));
-  bool has_public = !lua_isnil(L, -1);
-  lua_getfield(L, idx, "public_prefix");
-  size_t prefix_len = 0;
-  const char *prefix = lua_tolstring(L, -1, &prefix_len);
-  if (!lua_isnil(L, -1) &&
-      (lua_type(L, -1) != LUA_TSTRING || prefix_len == 0 || prefix[0] != '/' ||
-       prefix_len >= sizeof(((http_server_t *)0)->public_prefix) || !has_public))
-    luaL_error(L, "mp.http: public_prefix must be a path that starts with / "
-                  "(under 128 bytes), given with public");
-  char prefix_copy[128] = {0};
-  if (prefix) memcpy(prefix_copy, prefix, prefix_len);
-  lua_pop(L, 1);
-  lua_getfield(L, idx, "status");
-  size_t status_len = 0;
-  const char *status = lua_tolstring(L, -1, &status_len);
-  if (!lua_isnil(L, -1) &&
-      (lua_type(L, -1) != LUA_TSTRING || status_len == 0 || status[0] != '/' ||
-       status_len >= sizeof(((http_server_t *)0)->status_path)))
-    luaL_error(L, "mp.http: status must be a path that starts with / (under "
-                  "128 bytes)");
-  char status_copy[128] = {0};
-  if (status) memcpy(status_copy, status, status_len);
-  lua_pop(L, 1);
-  lua_getfield(L, idx, "on_request");
-  lua_getfield(L, idx, "websocket");
-  bool has_ws = !lua_isnil(L, -1);
-  if (!lx_is_callable(L, -2) && !(lua_isnil(L, -2) && (has_public || has_ws)))
-    luaL_error(L, "mp.http: on_request must be a function or a router (got %s)",
-               luaL_typename(L, -2));
-  if (has_ws) lx_ws_cfg_check(L, -1); /* raises now, while nothing is held */
-  lua_pop(L, 3);
-  lua_getfield(L, idx, "stream_body");
-  bool stream_body = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  lua_Number max_header = lx__opt(L, idx, "max_header", 8192, 256, 1 << 20);
-  lua_Number max_body = lx__opt(L, idx, "max_body", 1 << 20, 0, (lua_Number)(1ull << 32));
-  lua_Number header_timeout = lx__opt(L, idx, "header_timeout", 10, 0.01, 3600);
-  lua_Number idle = lx__opt(L, idx, "timeout", 40, 0, 4e6);
-  lua_Number limit = lx__opt(L, idx, "write_limit",
-                             (lua_Number)REACTOR_DEFAULT_WRITE_LIMIT, 1024,
-                             (lua_Number)((size_t)1 << 40));
-  lua_Number max_queue = lx__opt(L, idx, "max_queue",
-                                 (lua_Number)REACTOR_DEFAULT_MAX_QUEUE, 1024,
-                                 (lua_Number)((size_t)1 << 40));
-  /* last: nothing may raise once the folder is open */
-  int public_fd = has_public ? lx__static_root(L, idx) : -1;
-  lx_ws_cfg_t *ws = NULL; /* checked above: only out of memory raises */
-  if (has_ws) {
-    lua_getfield(L, idx, "websocket");
-    ws = lx_ws_cfg_new(L, -1);
-    lua_pop(L, 1);
-  }
-  lx_service_t *s = calloc(1, sizeof(*s));
-  lx_http_cfg_t *cfg = calloc(1, sizeof(*cfg));
-  if (!s || !cfg) {
-    free(s);
-    free(cfg);
-    lx_ws_cfg_free(L, ws);
-    if (public_fd >= 0) close(public_fd);
-    luaL_error(L, "out of memory");
-  }
-  s->ln = ln;
-  s->on_open = s->on_data = s->on_ready = s->on_timeout = s->on_shutdown =
-      s->on_close = s->on_fail = s->on_connect = LUA_NOREF;
-  s->opts.timeout_ms = (uint32_t)(header_timeout * 1000);
-  s->opts.write_limit = (size_t)limit;
-  s->opts.max_queue = (size_t)max_queue;
-  s->proto.on_open = lx_http_on_open;
-  s->proto.on_data = http_server_on_data;
-  s->proto.on_timeout = http_server_on_timeout;
-  s->proto.on_ready = http_server_on_ready;
-  s->proto.on_shutdown = http_server_on_shutdown;
-  s->proto.on_close = lx_http_on_close;
+  lx_service_t *s = lx_http_service_new(L, ln, idx);
+  lx_http_cfg_t *cfg = s->ext;
   http_server_t *hs = &cfg->srv;
-  hs->r = ln->r;
-  hs->max_header = (size_t)max_header;
-  hs->max_body = (size_t)max_body;
-  hs->header_timeout_ms = (uint32_t)(header_timeout * 1000);
-  hs->idle_ms = (uint32_t)(idle * 1000);
-  hs->stream_body = stream_body;
-  hs->public_fd = public_fd;
-  memcpy(hs->public_prefix, prefix_copy, sizeof(prefix_copy));
-  hs->public_prefix_len = prefix ? prefix_len : 0;
-  memcpy(hs->status_path, status_copy, sizeof(status_copy));
-  hs->status_len = status ? status_len : 0;
-  hs->access_fd = &ln->srv->access_fd;
-  hs->stats = ln->stats;
-  hs->cache = &ln->http_cache;
+  s->proto = http_server_proto(lx_http_on_open, lx_http_on_close);
+  hs->cache = &lx__hl(ln)->cache;
   hs->conn_size = sizeof(lx_hconn_t);
-  hs->on_upgrade = ws ? lx__on_upgrade : NULL;
-  hs->on_body = lx__reader_wake;
+  hs->on_upgrade = cfg->ws ? lx__on_upgrade : NULL;
+  hs->on_body = lx_http_reader_wake;
   hs->on_metrics = lx__metrics;
-  hs->app = s;
-  lua_getfield(L, idx, "on_request");
-  cfg->on_request = lua_isnil(L, -1) ? (lua_pop(L, 1), LUA_NOREF)
-                                     : luaL_ref(L, LUA_REGISTRYINDEX);
   hs->on_request = cfg->on_request == LUA_NOREF ? NULL : lx__on_request;
-  cfg->ws = ws;
-  s->ext = cfg;
-  s->ext_free = lx__cfg_free;
   lx_service_link(s);
   return s;
 }
@@ -1094,10 +992,14 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_setfield(L, -2, "__index");
   lua_pushliteral(L, LX_RES_MT);
   lua_setfield(L, -2, "__metatable");
+  lua_getfield(L, -1, "__index"); /* the methods, for the Lua ones */
+  lua_insert(L, -2);
   lua_pushlightuserdata(L, (void *)&lx_res_mt_key);
   lua_insert(L, -2);
   lua_rawset(L, LUA_REGISTRYINDEX);
   lx_embed_core_table(L, "http"); /* for lua/moonport/request.lua */
+  lua_insert(L, -2);
+  lua_setfield(L, -2, "res_methods"); /* lua/moonport/http.lua adds to it */
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_req_peer, 1);
   lua_setfield(L, -2, "peer");
@@ -1107,9 +1009,12 @@ void lx_http_open(lua_State *L, lx_lane_t *ln) {
   lua_pushcfunction(L, lx_req_unescape);
   lua_setfield(L, -2, "unescape");
   lua_pushlightuserdata(L, ln);
-  lua_pushcclosure(L, lx_req_read_now, 1);
+  lua_pushcclosure(L, lx_http_req_read_now, 1);
   lua_setfield(L, -2, "read_now");
-  lx_push_waiter(L, ln, lx__read_check, lx__read_arm);
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx_http_req_save_now, 1);
+  lua_setfield(L, -2, "save_now");
+  lx_push_waiter(L, ln, lx_http_read_check, lx_http_read_arm);
   lua_setfield(L, -2, "read_wait");
   lua_pushlightuserdata(L, ln);
   lua_pushcclosure(L, lx_req_uid, 1);

@@ -1,4 +1,6 @@
-/* stream: writing to a connection that became a stream (WebSocket or
+/* SPDX-License-Identifier: MIT */
+
+/* ws_sse: writing to a connection that became a stream (WebSocket or
  * Server-Sent Events), without Lua: WebSocket frames (small ones in one
  * write with their head, long ones by reference), close frames, SSE
  * events, and shared frames for a fan-out (one message framed once for
@@ -7,8 +9,8 @@
  * hands it the stream is server.h's.
  * Threads: the connection's reactor thread (a shared frame's count is a
  * plain counter: every reference is taken and dropped on that thread). */
-#ifndef MP_HTTP_STREAM_H
-#define MP_HTTP_STREAM_H
+#ifndef MP_HTTP_WS_SSE_H
+#define MP_HTTP_WS_SSE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -50,6 +52,9 @@ typedef struct http_frame {
  * one reference (the caller's); NULL when out of memory. */
 http_frame_t *http_frame_ws(const char *body, size_t n, bool text);
 http_frame_t *http_frame_sse(const char *body, size_t n);
+/* A WebSocket frame of opcode `op` (WS_RSV1 may be or'ed in: a deflated
+ * message) of body[0..n), as http_frame_ws. */
+http_frame_t *http_frame_ws_op(const char *body, size_t n, int op);
 void http_frame_unref(http_frame_t *f);
 /* Queues f on c with a reference of its own (released when the write
  * completes or fails). A connection that can't keep up (-ENOBUFS,

@@ -1,6 +1,8 @@
-/* stream: WebSocket frames, SSE events and shared fan-out frames written
- * to stream connections; see stream.h. */
-#include "http/stream.h"
+/* SPDX-License-Identifier: MIT */
+
+/* ws_sse: WebSocket frames, SSE events and shared fan-out frames written
+ * to stream connections; see ws_sse.h. */
+#include "http/ws_sse.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -94,8 +96,12 @@ char *http_sse_event(const char *data, size_t n, const char *ev, size_t evl,
 /* ---- shared frames ---- */
 
 http_frame_t *http_frame_ws(const char *body, size_t n, bool text) {
+  return http_frame_ws_op(body, n, text ? WS_TEXT : WS_BINARY);
+}
+
+http_frame_t *http_frame_ws_op(const char *body, size_t n, int op) {
   char head[10];
-  size_t h = ws_frame_head(head, text ? WS_TEXT : WS_BINARY, true, n);
+  size_t h = ws_frame_head(head, op, true, n);
   http_frame_t *f = malloc(sizeof(*f) + h + n);
   if (!f) return NULL;
   memcpy(f->data, head, h);
