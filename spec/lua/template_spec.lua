@@ -1,0 +1,45 @@
+-- Unit specs of lua/moonport/template.lua (pure Lua): no server, plain
+-- busted. The file loading, includes, res:render and reloads are proven
+-- end to end by spec/e2e/template_spec.lua.
+local T = require("moonport.template")
+
+describe("mp.template compile", function()
+  it("escapes the five characters and leaves the rest", function()
+    assert.equal("&lt;&gt;&amp;&quot;&#39; ok é", T.compile("{{ s }}")({ s = "<>&\"' ok é" }))
+    assert.equal("<>", T.compile("{{{ s }}}")({ s = "<>" }))
+    assert.equal("<>", T.compile("{{ raw(s) }}")({ s = "<>" }))
+    assert.equal("", T.compile("{{ nope }}")({}))
+    assert.equal("1.5 true", T.compile("{{ n }} {{ b }}")({ n = 1.5, b = true }))
+  end)
+
+  it("runs loops and conditions, and keeps assignments out of _G", function()
+    local f = T.compile("{% for i = 1, n do %}{% if i % 2 == 0 then %}[{{ i }}]{% end %}{% end %}{% y = 1 %}")
+    assert.equal("[2][4]", f({ n = 5 }))
+    assert.is_nil(rawget(_G, "y"))
+  end)
+
+  it("strips whitespace around -tags and drops comments", function()
+    assert.equal("<a>x</a>", T.compile("<a>\n  {{- v -}}\n</a>{# gone #}")({ v = "x" }))
+  end)
+
+  it("keeps the template's line numbers in errors", function()
+    local ok, err = pcall(T.compile("one\ntwo\n{{ a.b }}", "page.html"), {})
+    assert.is_false(ok)
+    assert.truthy(err:match("^page%.html:3: "), err)
+    ok, err = pcall(T.compile, "one\n{# two\nlines #}\n{% if %}", "c.html")
+    assert.is_false(ok)
+    assert.truthy(err:match("^c%.html:4: "), err)
+    ok, err = pcall(T.compile, "a\n\n{% block x %}", "b.html")
+    assert.is_false(ok)
+    assert.truthy(err:match("block 'x' has no endblock"), err)
+    ok, err = pcall(T.compile("{{ t }}"), { t = {} })
+    assert.is_false(ok)
+    assert.truthy(err:match("cannot print a table"), err)
+  end)
+
+  it("gives each render its own environment", function()
+    local f = T.compile("{% x = (x or 0) + 1 %}{{ x }}")
+    assert.equal("1", f({}))
+    assert.equal("1", f({}))
+  end)
+end)
