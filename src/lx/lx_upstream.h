@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: MIT */
+
+/* lx_upstream: mp.upstream, the reverse proxy (lua/moonport/upstream.lua
+ * over src/http/proxy.c): core.upstream.try (one proxied try, a waiter),
+ * core.upstream.hash and core.upstream.idle. Lane thread only. */
+#ifndef MP_LX_UPSTREAM_H
+#define MP_LX_UPSTREAM_H
+
+#include "lx/lx_lane.h"
+
+/* Registers core.upstream and sets mp.upstream in the module table at the
+ * top of L. */
+void lx_upstream_open(lua_State *L, lx_lane_t *ln);
+/* Closes the lane's pooled upstream connections and detaches the
+ * exchanges in flight; before the reactor goes. */
+void lx_upstream_lane_free(lx_lane_t *ln);
+/* The per-server metrics of every mp.upstream (requests, errors, latency,
+ * state; from its shared dictionary) in the Prometheus text format,
+ * malloc'd (*n bytes), or NULL when there are none. Any thread. */
+char *lx_upstream_prometheus(lx_server_t *srv, size_t *n);
+
+#endif
