@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* diff_http1: parses the first request of each file with moonport's parser
  * (src/http/http1.h) and with Debian's http_parser 2.9, and compares.
  *

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* diff_http1_response: parses the response of each file with moonport's
  * response parser (src/http/http1_response.h, the body read by the
  * framing it decides) and with Debian's http_parser 2.9 in HTTP_RESPONSE

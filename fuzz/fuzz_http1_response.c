@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* fuzz_http1_response: a libFuzzer target for the HTTP/1.x response
  * parser (src/http/http1_response.h).
  *

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* fuzz_tls: a libFuzzer target for a server connection's record layer
  * (src/net/tls.c) as the reactor drives it: bytes fed in pieces, read
  * until it wants more, the rest stashed before the piece goes.

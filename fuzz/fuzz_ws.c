@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* fuzz_ws: a libFuzzer target for the WebSocket reader (src/http/ws.h).
  *
  * Input: byte 0 picks the reader (bit 0: need_mask; bits 1-3: max_msg out

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* main: the command line only: options from the environment and argv,
  * then src/server runs the server (server_main) or signals a running one
  * (--reload, --reopen-logs). */
@@ -18,6 +20,7 @@ static const char usage[] =
     "usage: moonport [options] script.lua [script args...]\n"
     "       moonport --reload PIDFILE\n"
     "       moonport --reopen-logs PIDFILE\n"
+    "       moonport --check script.lua [script args...]\n"
     "\n"
     "Runs a Lua script that serves TCP and Unix sockets (see docs/API.md).\n"
     "\n"
@@ -26,7 +29,8 @@ static const char usage[] =
     "                    process supervises them (the number of CPU cores;\n"
     "                    1: one process, no fork) [MOONPORT_WORKERS]\n"
     "  --redis URL       pub/sub across servers through Redis:\n"
-    "                    redis://[:password@]host[:port][/db] [MOONPORT_REDIS]\n"
+    "                    redis://[:password@]host[:port][/db] "
+    "[MOONPORT_REDIS]\n"
     "  --log PATH        an access log of mp.http requests (combined\n"
     "                    format and the seconds taken; - for stdout)\n"
     "  --error-log PATH  moonport's own log (and anything else written to\n"
@@ -43,6 +47,9 @@ static const char usage[] =
     "                    if it failed (MOONPORT_RELOAD_TIMEOUT, 60 s)\n"
     "  --watch           reload when a .lua file in the script's folder\n"
     "                    is saved\n"
+    "  --check           load the script in a throw-away lane without\n"
+    "                    listening, warn about globals read that nothing\n"
+    "                    defines (file:line); exit 0 if clean, 1 if not\n"
     "  --drain-timeout SEC  a replaced worker's time to finish its\n"
     "                    connections (10) [MOONPORT_DRAIN_TIMEOUT]\n"
     "  --lua-timeout SEC replace a worker whose Lua callback runs longer\n"
@@ -69,6 +76,7 @@ typedef struct {
   const char *reopen;  /* --reopen-logs PIDFILE */
   int log_level;       /* enum log_level, or -1: the default */
   bool watch;
+  bool check;
   long max_memory; /* MB, 0: none */
   long workers;
   long threads;
@@ -208,6 +216,8 @@ static int parse_args(int argc, char **argv, options_t *o) {
       o->log = v;
     } else if (strcmp(a, "--watch") == 0) {
       o->watch = true;
+    } else if (strcmp(a, "--check") == 0) {
+      o->check = true;
     } else if (strncmp(a, "--max-memory", 12) == 0) {
       if (a[12] && a[12] != '=') return -usage_error("unknown option '%s'", a) - 1;
       v = opt_value(argc, argv, &i, a, 12);
@@ -278,6 +288,7 @@ int main(int argc, char **argv) {
                       .log = o.log,
                       .error_log = o.error_log,
                       .watch = o.watch,
+                      .check = o.check,
                       .max_memory = o.max_memory,
                       .workers = o.workers,
                       .threads = o.threads};

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* check: the unit tests' check macros. Each test file includes it once,
  * calls CHECK/CHECK_EQ from its main thread, and ends main with
  * `return check_summary();`, which prints the "N passed, N failed" line. */

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/core/defer.h: the task queue, its eventfd wake-up and
  * the thread pool. Own main(); checks from check.h. */
 #include "core/defer.h"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit test for src/net/dns.h: a real reactor on the main thread, a real
  * c-ares channel pointed at a stub DNS server that this test runs on the
  * same reactor (a UDP socket on 127.0.0.1 answering A queries; names

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/cluster/glob.h: pub/sub channel patterns. Own main();
  * checks from check.h. */
 #include "cluster/glob.h"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit test: the HTTP/1.x request parser and the chunked decoder. */
 #include <stdlib.h>
 #include <string.h>
@@ -73,10 +75,37 @@ static void test_target_forms(void) {
   const char *good[] = {
       "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
       "GET HTTPS://x/y HTTP/1.1\r\nHost: x\r\n\r\n",
-      "GET coap+tcp://x/y HTTP/1.1\r\nHost: x\r\n\r\n",
+      "GET http://x:8080 HTTP/1.1\r\nHost: x\r\n\r\n",
+      "GET http://[::1]:8080/p HTTP/1.1\r\nHost: x\r\n\r\n",
   };
   for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
     CHECK_EQ(parse(good[i]), (int)strlen(good[i]));
+  /* absolute-form: http or https only, a host, no userinfo (RFC 9110
+   * 4.2.1, 4.2.4; nginx refuses these too) */
+  const char *bad[] = {
+      "GET coap+tcp://x/y HTTP/1.1\r\nHost: x\r\n\r\n",
+      "GET ftp://a.example/p HTTP/1.1\r\nHost: a.example\r\n\r\n",
+      "GET http://user@a.example/p HTTP/1.1\r\nHost: a.example\r\n\r\n",
+      "GET http://u:pw@a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n",
+      "GET http:///p HTTP/1.1\r\nHost: a.example\r\n\r\n",
+      "GET http://a:b:c/p HTTP/1.1\r\nHost: a\r\n\r\n",
+      "GET http://a:70000/p HTTP/1.1\r\nHost: a\r\n\r\n",
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+    CHECK_EQ(parse(bad[i]), HTTP_BAD);
+  /* the target's authority is the host, whatever Host says (RFC 9112
+   * 3.2.2) */
+  const char *s =
+      "GET http://a.example:81/p?q HTTP/1.1\r\nHost: b.example\r\n\r\n";
+  CHECK_EQ(parse(s), (int)strlen(s));
+  const http_header_t *h = http_header(&req, "host");
+  CHECK(h && str_is(h->value, h->value_len, "a.example:81"));
+  CHECK_EQ(req.nheaders, 1);
+  s = "GET HTTP://a.example HTTP/1.0\r\nHost: b\r\n\r\n";
+  CHECK_EQ(parse(s), (int)strlen(s));
+  h = http_header(&req, "host");
+  CHECK(h && str_is(h->value, h->value_len, "a.example"));
+  CHECK(h->value == req.target + 7);
   /* authority-form is CONNECT's own form, and CONNECT is not implemented
    * (moonport doesn't tunnel): 501, where "CONNECT /x" is malformed (400) */
   CHECK_EQ(parse("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
@@ -91,8 +120,19 @@ static void test_validation(void) {
   CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: a?b\r\n\r\n"), HTTP_BAD);
   CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: u@h\r\n\r\n"), HTTP_BAD);
   CHECK_EQ(parse("GET / HTTP/1.1\r\nHost: caf\xc3\xa9\r\n\r\n"), HTTP_BAD);
-  const char *hosts[] = {"x", "example.com:8080", "[::1]:8080", "", "a-b.c_d~e",
-                         "xn--caf-dma.example", "%41b", "127.0.0.1"};
+  const char *bad_hosts[] = {"a:b:c",  "a:99999999", "[::1",  "a:65536", "[]",
+                             "[::1]x", "a]",         "[::g]", "a[b"};
+  for (size_t i = 0; i < sizeof(bad_hosts) / sizeof(bad_hosts[0]); i++) {
+    char buf[128];
+    snprintf(buf, sizeof(buf), "GET / HTTP/1.1\r\nHost: %s\r\n\r\n",
+             bad_hosts[i]);
+    if (parse(buf) != HTTP_BAD) printf("  Host: %s was taken\n", bad_hosts[i]);
+    CHECK_EQ(parse(buf), HTTP_BAD);
+  }
+  const char *hosts[] = {
+      "x",         "example.com:8080",    "[::1]:8080", "",
+      "a-b.c_d~e", "xn--caf-dma.example", "%41b",       "127.0.0.1",
+      "a:",        "[::ffff:127.0.0.1]",  "a:65535"};
   for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
     char buf[128];
     snprintf(buf, sizeof(buf), "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", hosts[i]);

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit test: the HTTP/1.x response parser (src/http/http1_response.h) and
  * the framing decisions a client takes from it, with bodies read through
  * the shared chunked decoder. Inputs end right before a PROT_NONE page

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/cluster/ipc.h: the frames between root and workers.
  * The header layout, and ipc_reader_feed cutting a byte stream into frames:
  * split at every byte boundary, several frames in one feed, empty channels

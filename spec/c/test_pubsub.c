@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/cluster/pubsub.h: the post office. Subscriber counts
  * per sink, first/last answers, exact channels and glob patterns, delivery
  * once per interested sink with exceptions, clearing a sink, a table that

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/net/reactor.h: real reactors, each running on its own
  * thread, serving real loopback sockets with C protocol objects (no Lua).
  * The main thread is the client (blocking sockets with SO_RCVTIMEO and
@@ -908,7 +910,7 @@ static void test_each(void) {
   static each_res_t res; /* outlives a late task, should one come */
   memset(&res, 0, sizeof(res));
   res.svc = &g_svc_each;
-  reactor_each(&g_group, &g_svc_each, each_fn, &res);
+  CHECK_EQ(reactor_each(&g_group, &g_svc_each, each_fn, &res), g_group.n);
   CHECK(WAIT_UNTIL(atomic_load(&res.calls) >= EACH_N, 5000));
   int got = 0;
   for (int i = 0; i < EACH_N; i++) got += recv_str(fds[i], "EACH", 3000);
@@ -943,7 +945,7 @@ static void test_each(void) {
   static each_res_t res2;
   memset(&res2, 0, sizeof(res2));
   res2.svc = &g_svc_each;
-  reactor_each(&g_group, &g_svc_each, each_fn, &res2);
+  CHECK_EQ(reactor_each(&g_group, &g_svc_each, each_fn, &res2), g_group.n);
   /* Each reactor has run its task once a task posted after it has run
    * (the mailbox is FIFO). */
   RUN_ON(&g_s0, noop_task, NULL);

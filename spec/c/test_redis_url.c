@@ -1,5 +1,8 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for redis_url_parse (src/redis/redis.h): redis:// as before,
- * and rediss:// with its TLS query parameters and their limits. Own
+ * rediss:// with its TLS query parameters and their limits, and
+ * unix:///path. Own
  * main(); checks from check.h. */
 #include <stdio.h>
 #include <string.h>
@@ -22,7 +25,45 @@ static void test_plain(void) {
   CHECK_EQ(parse("redis://:p%40ss@h", &u, err), 0);
   CHECK(!strcmp(u.password, "p@ss"));
   CHECK_EQ(parse("http://h", &u, err), -1);
-  CHECK(strstr(err, "is not a redis:// URL") != NULL);
+  CHECK(strstr(err, "is not a redis://, rediss:// or unix:// URL") != NULL);
+}
+
+static void test_unix(void) {
+  redis_url_t u;
+  char err[256], where[300];
+  CHECK_EQ(parse("unix:///run/redis/redis.sock", &u, err), 0);
+  CHECK(!strcmp(u.path, "/run/redis/redis.sock"));
+  CHECK(!u.tls);
+  CHECK_EQ(u.db, 0);
+  CHECK(!strcmp(redis_url_where(&u, where, sizeof(where)),
+                "unix:/run/redis/redis.sock"));
+  CHECK_EQ(parse("unix://:s%3Fcret@/tmp/r.sock?db=4", &u, err), 0);
+  CHECK(!strcmp(u.path, "/tmp/r.sock"));
+  CHECK(!strcmp(u.password, "s?cret"));
+  CHECK_EQ(u.db, 4);
+  CHECK_EQ(parse("unix://user:pw@/tmp/r.sock", &u, err), 0);
+  CHECK(!strcmp(u.password, "pw"));
+  CHECK_EQ(parse("unix://relative.sock", &u, err), -1);
+  CHECK(strstr(err, "needs an absolute path") != NULL);
+  CHECK_EQ(parse("unix://host/tmp/r.sock", &u, err), -1);
+  CHECK(strstr(err, "takes no host") != NULL);
+  CHECK_EQ(parse("unix:///tmp/r.sock?verify=0", &u, err), -1);
+  CHECK(strstr(err, "takes only ?db=N") != NULL);
+  CHECK_EQ(parse("unix:///tmp/r.sock?db=x", &u, err), -1);
+  /* the path's limit: sun_path holds 107 bytes and the NUL */
+  char big[200] = "unix://";
+  memset(big + 7, 'a', 107);
+  big[7] = '/';
+  big[7 + 107] = 0;
+  CHECK_EQ(parse(big, &u, err), 0);
+  big[7 + 107] = 'a';
+  big[7 + 108] = 0;
+  CHECK_EQ(parse(big, &u, err), -1);
+  CHECK(strstr(err, "too long") != NULL);
+  /* redis:// and rediss:// are not paths */
+  CHECK_EQ(parse("rediss://h", &u, err), 0);
+  CHECK(u.tls && !u.path[0]);
+  CHECK(!strcmp(redis_url_where(&u, where, sizeof(where)), "h:6379"));
 }
 
 static void test_tls(void) {
@@ -81,8 +122,34 @@ static void test_tls(void) {
   CHECK_EQ(parse(big, &u, err), -1);
 }
 
+/* keepalive=SECS on both schemes (default REDIS_KEEPALIVE); TLS's
+ * parameters only on rediss:// */
+static void test_keepalive(void) {
+  redis_url_t u;
+  char err[256];
+  CHECK_EQ(parse("redis://h", &u, err), 0);
+  CHECK_EQ(u.keepalive, REDIS_KEEPALIVE);
+  CHECK_EQ(parse("redis://h:7000/2?keepalive=5", &u, err), 0);
+  CHECK_EQ(u.keepalive, 5);
+  CHECK_EQ(u.db, 2);
+  CHECK_EQ(parse("redis://:pa?ss@h?keepalive=0", &u, err), 0);
+  CHECK(!strcmp(u.password, "pa?ss"));
+  CHECK_EQ(u.keepalive, 0);
+  CHECK_EQ(parse("rediss://h?keepalive=30&verify=0", &u, err), 0);
+  CHECK_EQ(u.keepalive, 30);
+  const char *bad[] = {"redis://h?keepalive=",   "redis://h?keepalive=x",
+                       "redis://h?keepalive=-1", "redis://h?keepalive=86401",
+                       "redis://h?ca=/x.pem",    "redis://h?verify=0"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    CHECK_EQ(parse(bad[i], &u, err), -1);
+    if (parse(bad[i], &u, err) != -1) printf("  %s was taken\n", bad[i]);
+  }
+}
+
 int main(void) {
   test_plain();
   test_tls();
+  test_unix();
+  test_keepalive();
   return check_summary();
 }

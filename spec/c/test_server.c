@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/http/server.h without Lua: a real reactor on its own
  * thread runs the HTTP server over one end of a socketpair, with C hooks
  * as the application (they answer with the request's method, target and
@@ -6,7 +8,7 @@
  * keep-alive decisions (HTTP/1.0, Connection: close); refusals (400, 408,
  * 413, 431, 505) and their closing; 100 Continue; chunked bodies; a
  * streamed body (stream_body) taken through the body calls; the 404
- * without on_request; the access log line; http/stream.h's SSE events and
+ * without on_request; the access log line; http/ws_sse.h's SSE events and
  * shared frames. Every wait is bounded. Own
  * main(); checks from check.h. */
 #include "http/server.h"
@@ -26,7 +28,7 @@
 
 #include "check.h"
 #include "http/access.h"
-#include "http/stream.h"
+#include "http/ws_sse.h"
 
 /* ---- the application: C hooks ---- */
 
@@ -41,55 +43,54 @@ static _Atomic int g_requests;       /* on_request calls */
 static _Atomic int g_closed;         /* on_close calls */
 static _Atomic sock_uuid_t g_held;   /* the /slow request waiting */
 
-static void answer(conn_t *c, http_conn_t *hc, const char *body, size_t blen) {
+static void answer(http_exchange_t *x, const char *body, size_t blen) {
   char text[1024];
-  int n = snprintf(text, sizeof(text), "%.*s %.*s [%.*s]", (int)hc->req->method_len,
-                   hc->req->method, (int)hc->req->target_len, hc->req->target,
-                   (int)blen, body ? body : "");
-  http_head_t h = http_conn_head(hc, 200);
-  bool inlined;
-  int rc = http_conn_write_head(c, hc, &h, n, text, &inlined);
-  if (!rc && !inlined) rc = reactor_conn_write(c, text, (size_t)n);
-  http_conn_complete(c, hc, h.keep_alive && hc->keep_alive && rc == 0);
+  int n =
+      snprintf(text, sizeof(text), "%.*s %.*s [%.*s]", (int)x->req->method_len,
+               x->req->method, (int)x->req->target_len, x->req->target,
+               (int)blen, body ? body : "");
+  http_head_t h = http_exchange_head(x, 200);
+  http_res_send(x, &h, text, (size_t)n, NULL, NULL, NULL);
 }
 
-static void on_request(conn_t *c, http_conn_t *hc, const char *body, size_t blen) {
+static void on_request(http_exchange_t *x, const char *body, size_t blen) {
+  conn_t *c = x->conn->c;
   atomic_fetch_add(&g_requests, 1);
-  if (hc->req->target_len == 5 && memcmp(hc->req->target, "/slow", 5) == 0) {
+  if (x->req->target_len == 5 && memcmp(x->req->target, "/slow", 5) == 0) {
     /* as a handler that waits: the connection stays held, the answer
      * comes from a task posted later */
     reactor_conn_hold(c);
-    atomic_store(&g_held, hc->uuid);
+    atomic_store(&g_held, x->conn->uuid);
     return;
   }
-  if (hc->streaming) { /* take the whole streamed body, then answer */
+  if (x->streaming) { /* take the whole streamed body, then answer */
     char all[256];
     size_t at = 0;
     const char *p;
     long n;
-    while ((n = http_conn_body_peek(hc, &p)) > 0) {
+    while ((n = http_body_peek(x, &p)) > 0) {
       size_t k = (size_t)n < sizeof(all) - at ? (size_t)n : sizeof(all) - at;
       memcpy(all + at, p, k);
       at += k;
-      http_conn_body_consume(c, hc, (size_t)n);
+      http_body_consume(x, (size_t)n);
     }
-    answer(c, hc, n == HTTP_BODY_END ? all : "waits", n == HTTP_BODY_END ? at : 5);
+    answer(x, n == HTTP_BODY_END ? all : "waits", n == HTTP_BODY_END ? at : 5);
     return;
   }
-  answer(c, hc, body, blen);
+  answer(x, body, blen);
 }
 
 static void slow_answer(void *a, void *b) {
   conn_t *c = reactor_conn_find(g_r, atomic_load(&g_held));
   if (!c) return;
   http_conn_t *hc = reactor_conn_udata(c);
-  answer(c, hc, "late", 4);
+  answer(&hc->x, "late", 4);
   reactor_conn_release(c);
 }
 
 static void on_open(conn_t *c) {
   svc_t *svc = reactor_conn_service(c);
-  http_conn_open(&svc->srv, c);
+  http_server_accept(&svc->srv, c);
 }
 
 static void on_close(conn_t *c, int reason) {
@@ -174,12 +175,7 @@ int main(void) {
   if (!g_r) return 1;
   char logpath[] = "/tmp/mp-test-server-log-XXXXXX";
   g_log_fd = mkstemp(logpath);
-  g_svc.proto = (proto_t){.on_open = on_open,
-                          .on_data = http_server_on_data,
-                          .on_ready = http_server_on_ready,
-                          .on_timeout = http_server_on_timeout,
-                          .on_shutdown = http_server_on_shutdown,
-                          .on_close = on_close};
+  g_svc.proto = http_server_proto(on_open, on_close);
   http_server_t *s = &g_svc.srv;
   s->r = g_r;
   s->max_header = 256;
@@ -354,7 +350,7 @@ int main(void) {
   const char *ua = strstr(line, "\"uuu");
   CHECK(ua && strncmp(ua + 1 + 509, "...\" 0.250\n", 12) == 0 && ua[509] == 'u');
 
-  /* http/stream.h's pure parts: an SSE event's lines, a shared frame */
+  /* http/ws_sse.h's pure parts: an SSE event's lines, a shared frame */
   size_t el;
   char *ev = http_sse_event("a\r\nb\rc\n", 7, "e", 1, "1", 1, 3, &el);
   CHECK(ev && el == strlen("event: e\nid: 1\ndata: a\ndata: b\ndata: c\ndata: \n\n") &&

@@ -1,7 +1,10 @@
+/* SPDX-License-Identifier: MIT */
+
 /* test_shdict: the shared dictionary's store: values, TTL, LRU eviction,
  * the buddy allocator giving every byte back, limits, threads and
  * processes at once, a process killed holding a shard's lock, and damage. */
 #include <errno.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -486,6 +489,113 @@ static void test_damage(void) {
   }
 }
 
+/* Keys chosen to collide: each 16-byte block comes in two versions that
+ * differ in bit 63 of the first word and bits 63 and 32 of the second, a
+ * difference a multiply-xorshift hash carries through and then cancels
+ * whatever its seed, so 2^10 keys of 160 bytes shared one hash (and one
+ * shard, one bucket). Under a keyed PRF they spread over the shards like
+ * any keys, and every one is stored and found. */
+static void test_collisions(void) {
+  shdict_t *d = shdict_new("collide", 16u << 20); /* 64 shards */
+  CHECK(d != NULL);
+  if (!d) return;
+  enum { BLOCKS = 10, KEYS = 1 << BLOCKS, LEN = 16 * BLOCKS };
+  static unsigned seen[64];
+  memset(seen, 0, sizeof(seen));
+  unsigned shards = 0, found = 0;
+  for (unsigned k = 0; k < KEYS; k++) {
+    char key[LEN];
+    for (int b = 0; b < BLOCKS; b++) {
+      uint64_t w[2] = {0x6b65792d626c6f63ull + (uint64_t)b,
+                       0x2d6d6f6f6e706f72ull};
+      if (k >> b & 1) {
+        w[0] ^= 1ull << 63;
+        w[1] ^= 1ull << 63 | 1ull << 32;
+      }
+      memcpy(key + 16 * b, w, 16);
+    }
+    uint32_t sh = shdict__shard(d, key, LEN);
+    if (sh < 64 && seen[sh]++ == 0) shards++;
+    shd_value_t v = {.type = SHD_NUM, .num = k};
+    bool f;
+    CHECK_EQ(shdict_store(d, SHD_SET, key, LEN, &v, 0, &f), 0);
+  }
+  for (unsigned k = 0; k < KEYS; k++) {
+    char key[LEN];
+    for (int b = 0; b < BLOCKS; b++) {
+      uint64_t w[2] = {0x6b65792d626c6f63ull + (uint64_t)b,
+                       0x2d6d6f6f6e706f72ull};
+      if (k >> b & 1) {
+        w[0] ^= 1ull << 63;
+        w[1] ^= 1ull << 63 | 1ull << 32;
+      }
+      memcpy(key + 16 * b, w, 16);
+    }
+    shd_value_t v;
+    if (shdict_get(d, key, LEN, false, &v, NULL, 0, NULL) == 0 &&
+        v.type == SHD_NUM && v.num == k)
+      found++;
+  }
+  printf("  %u crafted keys: %u of 64 shards, %u found\n", KEYS, shards, found);
+  CHECK(shards >= 32);
+  CHECK_EQ(found, KEYS);
+  shdict_free(d);
+}
+
+/* GCRA (mp.limit): burst + 1 pass at one instant, exactly, with four
+ * threads deciding at once (rejections take the lock-free read, passes
+ * the lock); a rejection's wait is exact to the microsecond; a key
+ * holding a string is refused. */
+typedef struct {
+  shdict_t *d;
+  double now;
+  int passed;
+} gcra_arg_t;
+
+static void *gcra_thread(void *p) {
+  gcra_arg_t *a = p;
+  for (int i = 0; i < 5000; i++) {
+    double wait;
+    bool f;
+    int rc = shdict_gcra(a->d, "g", 1, a->now, 1000, 49 * 1000.0, 1, &wait, &f);
+    if (rc == 1) a->passed++;
+  }
+  return NULL;
+}
+
+static void test_gcra(void) {
+  shdict_t *d = shdict_new("gcra", 1 << 20);
+  CHECK(d != NULL);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double now = (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+  gcra_arg_t a[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    a[i] = (gcra_arg_t){d, now, 0};
+    CHECK(pthread_create(&t[i], NULL, gcra_thread, &a[i]) == 0);
+  }
+  int passed = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    passed += a[i].passed;
+  }
+  CHECK(passed == 50);
+  double wait;
+  bool f;
+  CHECK(shdict_gcra(d, "g", 1, now, 1000, 49000, 1, &wait, &f) == 0);
+  CHECK(wait > 999 && wait < 1001);
+  CHECK(shdict_gcra(d, "g", 1, now + wait - 1, 1000, 49000, 1, &wait, &f) == 0);
+  CHECK(shdict_gcra(d, "g", 1, now + 1000, 1000, 49000, 1, &wait, &f) == 1);
+  CHECK(shdict_gcra(d, "g", 1, now + 1000, 1000, 49000, 1, &wait, &f) == 0);
+  /* n units at once, and the clock read inside (now < 0) */
+  CHECK(shdict_gcra(d, "h", 1, -1, 1000, 4000, 5, &wait, &f) == 1);
+  CHECK(shdict_gcra(d, "h", 1, -1, 1000, 4000, 1, &wait, &f) == 0);
+  CHECK(set(d, "s", str("x"), 0) == 0);
+  CHECK(shdict_gcra(d, "s", 1, now, 1000, 0, 1, &wait, &f) == -EINVAL);
+  shdict_free(d);
+}
+
 int main(void) {
   test_values();
   test_limits();
@@ -498,5 +608,7 @@ int main(void) {
   test_dead_owner(false);
   test_kill_loop();
   test_damage();
+  test_collisions();
+  test_gcra();
   return check_summary();
 }

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/net/sock.h: the uuid table and the write queue.
  * Own main(); checks from check.h. */
 #include "net/sock.h"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit test: the pure parts of static files (paths, media types, Range,
  * validators, Accept-Encoding, dates). Every input is placed so that it
  * ends right before an unreadable page: a read past its end faults. */

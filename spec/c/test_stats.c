@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit test: the shared counters (core/stats): a forked child's adds are
  * seen by the parent, sums over slots, and retiring a dead process's
  * slots keeps its counts (its open connections counted closed) and drops

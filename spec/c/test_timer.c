@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests for src/core/timer.h: the timer min-heap. Own main(); checks
  * from check.h. */
 #include "core/timer.h"

@@ -1,9 +1,12 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit tests of TLS under the reactor (net/tls.h, reactor.c's "TLS"):
  * first the record layer alone (two net_tls_t talking through memory),
  * then a real loop on this thread with a TLS echo server and TLS clients
  * over loopback sockets: bulk data both ways (memory writes, references
  * and a file through the flush), host-name checks, a handshake that never
- * comes (cut by the timeout, no callbacks), and plaintext on the TLS port.
+ * comes (cut by the timeout, no callbacks), plaintext on the TLS port,
+ * and a client that queued past its write limit before its handshake.
  * The test certificates are made with the openssl command into a
  * temporary folder. Own main(); check.h. */
 #include <errno.h>
@@ -142,6 +145,34 @@ static void test_memory(void) {
   CHECK(strstr(net_tls_error(cli), "hostname mismatch") != NULL);
   net_tls_free(cli);
   net_tls_free(srv);
+
+  /* the name check never fails open: strings inet_pton does not read as
+   * an address are names (and match no DNS entry of the certificate,
+   * which lists localhost and IP 127.0.0.1); an address is checked as
+   * one */
+  static const struct {
+    const char *host;
+    bool opens;
+  } names[] = {{"127.0.0.1", true},   {"127.1", false}, {"2130706433", false},
+               {"127.0.0.1.", false}, {"::1", false},   {"127.0.0.2", false},
+               {"LOCALHOST", true}};
+  for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+    c2s.len = s2c.len = 0;
+    cli = net_tls_new(cctx, names[k].host, pipe_out, &c2s);
+    srv = net_tls_new(sctx, NULL, pipe_out, &s2c);
+    net_tls_read(cli, out, sizeof(out));
+    for (int i = 0; i < 6 && !net_tls_has_failed(cli) && !net_tls_open(cli);
+         i++) {
+      pump(&c2s, srv, out, sizeof(out), &got);
+      pump(&s2c, cli, out, sizeof(out), &got);
+    }
+    if (net_tls_open(cli) != names[k].opens)
+      printf("  name %s: opened %d\n", names[k].host, net_tls_open(cli));
+    CHECK(net_tls_open(cli) == names[k].opens);
+    CHECK(net_tls_has_failed(cli) == !names[k].opens);
+    net_tls_free(cli);
+    net_tls_free(srv);
+  }
 
   /* plaintext where a ClientHello goes */
   s2c.len = 0;
@@ -349,11 +380,74 @@ static void test_reactor(void) {
   net_tls_ctx_unref(cctx);
 }
 
+/* A client that queues more than its write limit before its handshake is
+ * done (a rediss:// link's first big command): the queue is past the
+ * limit (back pressure) while the server's handshake messages arrive, and
+ * the handshake must go on all the same. Once it read nothing then, and
+ * the connection hung until its connect timeout. Deterministic: the
+ * writes are queued before the loop runs, so before the server answers. */
+static cli_t g_q;
+static void q_open(conn_t *c) {
+  cli_t *k = reactor_conn_udata(c);
+  k->opened = true;
+}
+static const proto_t q_proto = {.on_open = q_open,
+                                .on_data = c_data,
+                                .on_close = c_close,
+                                .on_fail = c_fail};
+
+static void test_queued_before_handshake(void) {
+  char err[256];
+  net_tls_cert_t ct = {.cert = g_cert, .key = g_key};
+  net_tls_ctx_t *sctx = net_tls_server_ctx(&ct, 1, true, err, sizeof(err));
+  net_tls_client_opts_t co = {.verify = true, .ca = g_cert};
+  net_tls_ctx_t *cctx = net_tls_client_ctx(&co, err, sizeof(err));
+  if (!sctx || !cctx) abort();
+  g_bulk = malloc(BULK);
+  for (size_t i = 0; i < BULK; i++) g_bulk[i] = (unsigned char)(i * 7 + i / 5);
+  g_r = reactor_new(0);
+  int lfd = sock_listen_tcp("127.0.0.1", 0, 64);
+  int port = sock_local_port(lfd);
+  conn_opts_t so = {.timeout_ms = 5000, .tls = sctx};
+  listener_t *l = reactor_listen(g_r, lfd, &srv_proto, NULL, so);
+  CHECK(l != NULL);
+  memset(&g_q, 0, sizeof(g_q));
+  g_q.got = SMALL; /* the echo starts there (and c_data writes no more) */
+  g_done_needed = 1;
+  g_srv_opens = 0;
+  int e = 0;
+  conn_opts_t o = {.tls = cctx, .tls_host = "localhost"};
+  conn_t *c = reactor_connect(g_r, "127.0.0.1", port, NULL, 4000, &q_proto,
+                              NULL, o, &e);
+  CHECK(c != NULL);
+  if (c) {
+    reactor_conn_set_udata(c, &g_q);
+    /* BULK - SMALL bytes in 64 KiB writes, three times the write limit */
+    for (size_t at = SMALL; at < BULK; at += 65536) {
+      size_t n = BULK - at < 65536 ? BULK - at : 65536;
+      CHECK_EQ(reactor_conn_write(c, g_bulk + at, n), 0);
+    }
+    CHECK(reactor_conn_congested(c));
+  }
+  reactor_run(g_r);
+  CHECK(g_q.opened && !g_q.failed);
+  CHECK_EQ(g_q.got, BULK);
+  CHECK(!g_q.bad);
+  CHECK(g_q.closed);
+  reactor_listener_close(l);
+  reactor_free(g_r);
+  close(lfd);
+  free(g_bulk);
+  net_tls_ctx_unref(sctx);
+  net_tls_ctx_unref(cctx);
+}
+
 int main(void) {
   if (sock_init() || net_tls_global_init()) return 1;
   make_cert();
   test_memory();
   test_reactor();
+  test_queued_before_handshake();
   char cmd[128];
   snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
   if (system(cmd) != 0) return 1;

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Unit test: WebSocket frames, the accept key and UTF-8 checks. */
 #include <errno.h>
 #include <stdlib.h>

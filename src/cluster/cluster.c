@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* cluster: fork, supervise, respawn, replace and stop worker processes. */
 #include "cluster/cluster.h"
 
@@ -34,6 +36,7 @@ typedef struct {
                         killed for not starting; 0 otherwise */
   unsigned gen;   /* the cluster generation it was started in */
   bool ready;     /* it said it serves */
+  bool watchdog;  /* killed by the tick for not starting to serve */
 } cluster_proc_t;
 
 #define CLUSTER_OLD (CLUSTER_GENERATIONS - 1)
@@ -43,6 +46,7 @@ typedef struct {
 typedef struct {
   cluster_proc_t cur, old[CLUSTER_OLD];
   mp_timer_t respawn;
+  cluster_cause_t respawn_cause; /* why the last process ended */
   cluster_t *c;
   int index; /* 1-based */
 } cluster_slot_t;
@@ -59,6 +63,7 @@ struct cluster {
   bool stopping;
   unsigned gen;        /* bumped by each roll; new processes take it */
   const char *rolling; /* what the roll in progress is for, or NULL */
+  cluster_cause_t roll_cause; /* its new processes' */
   size_t max_rss;
   mp_timer_t kill_timer, tick;
   cluster_slot_t *slots;
@@ -132,7 +137,7 @@ static void cluster__child(cluster_t *c, cluster_slot_t *s, int sink, int ipc) {
 }
 
 /* Starts a process for slot s as s->cur, on `sink`. */
-static int cluster__fork(cluster_slot_t *s, int sink) {
+static int cluster__fork(cluster_slot_t *s, int sink, cluster_cause_t cause) {
   cluster_t *c = s->c;
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return -errno;
@@ -153,13 +158,13 @@ static int cluster__fork(cluster_slot_t *s, int sink) {
   s->cur = (cluster_proc_t){.pid = pid, .sink = sink, .ipc = sv[0],
                             .since = now, .beat = now, .gen = c->gen};
   log_info("worker %d started (pid %d)", s->index, (int)pid);
-  if (c->hooks.started) c->hooks.started(sink, sv[0], c->arg);
+  if (c->hooks.started) c->hooks.started(sink, sv[0], cause, c->arg);
   return 0;
 }
 
 int cluster_start(cluster_t *c) {
   for (int i = 0; i < c->n; i++) {
-    int rc = cluster__fork(&c->slots[i], i + 1);
+    int rc = cluster__fork(&c->slots[i], i + 1, CLUSTER_CAUSE_FIRST);
     if (rc) {
       for (int j = 0; j < i; j++) kill(c->slots[j].cur.pid, SIGKILL);
       return rc;
@@ -173,7 +178,7 @@ int cluster_start(cluster_t *c) {
 static void cluster__respawn(mp_timer_t *t) {
   cluster_slot_t *s = t->udata;
   if (s->c->stopping || s->cur.pid > 0) return;
-  int rc = cluster__fork(s, s->cur.sink);
+  int rc = cluster__fork(s, s->cur.sink, s->respawn_cause);
   if (rc) {
     log_error("cannot start worker %d: %s; trying again", s->index,
               strerror(-rc));
@@ -202,7 +207,8 @@ static bool cluster__replacing(const cluster_slot_t *s) {
   return false;
 }
 
-bool cluster_replace(cluster_t *c, int index, const char *why) {
+bool cluster_replace(cluster_t *c, int index, const char *why,
+                     cluster_cause_t cause) {
   if (index < 1 || index > c->n || c->stopping) return false;
   cluster_slot_t *s = &c->slots[index - 1];
   if (s->cur.pid <= 0 || cluster__replacing(s)) return false;
@@ -210,10 +216,12 @@ bool cluster_replace(cluster_t *c, int index, const char *why) {
   while (j < CLUSTER_OLD && s->old[j].pid > 0) j++;
   int sink = cluster__free_sink(s);
   if (j == CLUSTER_OLD || sink < 0) return false; /* too many draining */
-  log_warn("worker %d (pid %d): %s; starting its replacement", index,
-           (int)s->cur.pid, why);
+  /* A roll (a reload) is routine; a stuck or bloated worker is news. */
+  log_write(c->rolling && why == c->rolling ? LOG_INFO : LOG_WARN,
+            "worker %d (pid %d): %s; starting its replacement", index,
+            (int)s->cur.pid, why);
   cluster_proc_t old = s->cur;
-  int rc = cluster__fork(s, sink);
+  int rc = cluster__fork(s, sink, cause);
   if (rc) {
     log_error("cannot start a replacement for worker %d: %s", index,
               strerror(-rc));
@@ -236,7 +244,7 @@ static void cluster__roll(cluster_t *c) {
     cluster_slot_t *s = &c->slots[i];
     if (s->cur.pid <= 0 || s->cur.gen == c->gen) continue;
     /* False when it has no free sink yet: the tick tries again. */
-    cluster_replace(c, s->index, c->rolling);
+    cluster_replace(c, s->index, c->rolling, c->roll_cause);
     return;
   }
   const char *what = c->rolling;
@@ -245,10 +253,11 @@ static void cluster__roll(cluster_t *c) {
   if (c->hooks.rolled) c->hooks.rolled(what, c->arg);
 }
 
-void cluster_roll(cluster_t *c, const char *what) {
+void cluster_roll(cluster_t *c, const char *what, cluster_cause_t cause) {
   if (c->stopping) return;
   c->gen++;
   c->rolling = what;
+  c->roll_cause = cause;
   cluster__roll(c);
 }
 
@@ -293,7 +302,8 @@ void cluster_beat(cluster_t *c, int sink) {
 void cluster_stuck(cluster_t *c, int sink, const char *why) {
   cluster_slot_t *s;
   cluster_proc_t *p = cluster__find(c, sink, &s);
-  if (p == &s->cur && p->ready) cluster_replace(c, s->index, why);
+  if (p == &s->cur && p->ready)
+    cluster_replace(c, s->index, why, CLUSTER_CAUSE_WATCHDOG);
 }
 
 static void cluster__how(int status, char *how, size_t len) {
@@ -319,6 +329,8 @@ static void cluster__reaped(cluster_t *c, cluster_slot_t *s,
   }
   int sink = s->cur.sink;
   uint64_t lived = reactor_now(c->root) - s->cur.since;
+  s->respawn_cause =
+      s->cur.watchdog ? CLUSTER_CAUSE_WATCHDOG : CLUSTER_CAUSE_CRASH;
   s->cur = no_proc;
   s->cur.sink = sink;
   if (c->hooks.exited) c->hooks.exited(sink, c->arg);
@@ -444,13 +456,14 @@ static void cluster__tick(mp_timer_t *t) {
                 (int)p->pid, (double)(c->beat_ms + CLUSTER_START_SLACK_MS) / 1000);
       kill(p->pid, SIGKILL);
       p->deadline = now; /* killed once: cluster_reap takes it from here */
+      p->watchdog = true;
       continue;
     }
     if (!p->ready || cluster__replacing(s)) continue;
     if (c->beat_ms && now - p->beat > c->beat_ms) {
       snprintf(why, sizeof(why), "sent no heartbeat for %.1f s",
                (double)(now - p->beat) / 1000);
-      cluster_replace(c, s->index, why);
+      cluster_replace(c, s->index, why, CLUSTER_CAUSE_WATCHDOG);
       continue;
     }
     if (!c->max_rss) continue;
@@ -458,7 +471,7 @@ static void cluster__tick(mp_timer_t *t) {
     if (rss <= c->max_rss) continue;
     snprintf(why, sizeof(why), "uses %zu MB, over --max-memory %zu MB",
              rss >> 20, c->max_rss >> 20);
-    cluster_replace(c, s->index, why);
+    cluster_replace(c, s->index, why, CLUSTER_CAUSE_MEMORY);
   }
   cluster__roll(c);
 }

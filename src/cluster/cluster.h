@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* cluster: the root process's side of running several worker processes:
  * fork them, supervise them, replace the ones that die, and stop them
  * gracefully. Driven by the root's reactor (one thread). */
@@ -25,12 +27,26 @@ typedef struct cluster cluster_t;
  * process's exit status. */
 typedef int (*cluster_worker_fn)(int index, int sink, int ipc_fd, void *arg);
 
+/* Why a worker process started: the first ones, or a restart because
+ * the last one crashed (or was killed from outside), the watchdog found it
+ * stuck (or silent, or never serving), it used too much memory, a reload
+ * rolled the workers, or SIGUSR1 restarted them. */
+typedef enum {
+  CLUSTER_CAUSE_FIRST,
+  CLUSTER_CAUSE_CRASH,
+  CLUSTER_CAUSE_WATCHDOG,
+  CLUSTER_CAUSE_MEMORY,
+  CLUSTER_CAUSE_RELOAD,
+  CLUSTER_CAUSE_RESTART,
+  CLUSTER_CAUSE_N
+} cluster_cause_t;
+
 /* In the root: a worker process started on post-office sink `sink` (see
  * CLUSTER_SINKS; (sink - 1) % n + 1 is its number), and `ipc_fd` is
- * the root's end of its socketpair (the callee owns it from now on); or
- * the process on `sink` exited. */
+ * the root's end of its socketpair (the callee owns it from now on),
+ * `cause` why it started; or the process on `sink` exited. */
 typedef struct {
-  void (*started)(int sink, int ipc_fd, void *arg);
+  void (*started)(int sink, int ipc_fd, cluster_cause_t cause, void *arg);
   void (*exited)(int sink, void *arg);
   /* Asks the process on `sink` to stop accepting and finish its
    * connections; false if it can't be told (then it gets SIGTERM). */
@@ -72,13 +88,15 @@ int cluster_live(const cluster_t *c);
  * `drain_ms`, then shut down within the grace period; past that (plus
  * 2 s) it is killed. False when the worker is down, already being
  * replaced, has no free sink (too many replaced ones still draining), or
- * we are stopping. */
-bool cluster_replace(cluster_t *c, int index, const char *why);
+ * we are stopping. `cause` is the new process's (for the counters). */
+bool cluster_replace(cluster_t *c, int index, const char *why,
+                     cluster_cause_t cause);
 /* Replaces every worker, one at a time, each new one serving before its
  * predecessor drains (SIGUSR1, and a reload: new processes load the
  * script anew). A call during a roll restarts it for every worker not
- * started since. `what` names it in the log. */
-void cluster_roll(cluster_t *c, const char *what);
+ * started since. `what` names it in the log; `cause` is the new
+ * processes' (CLUSTER_CAUSE_RELOAD or _RESTART). */
+void cluster_roll(cluster_t *c, const char *what, cluster_cause_t cause);
 /* The process on `sink` serves now. */
 void cluster_ready(cluster_t *c, int sink);
 /* The process on `sink` is alive and none of its lanes is stuck. */

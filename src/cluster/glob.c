@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* glob: channel pattern matching in time linear in the channel.
  *
  * A pattern is a list of elements that each take one byte (a literal, `?`,

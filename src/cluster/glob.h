@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* glob: channel patterns for pub/sub, with the meaning Redis gives them
  * (so a pattern means the same locally and through the Redis engine). */
 #ifndef MP_GLOB_H

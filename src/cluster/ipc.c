@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* ipc: framing for the root-worker socketpairs. */
 #include "cluster/ipc.h"
 

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* ipc: the frames root and workers exchange over their socketpair, and a
  * reader that cuts a byte stream into frames with a size limit. */
 #ifndef MP_IPC_H

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* pubsub: subscriptions counted per sink, exact channels in a hash table,
  * patterns in a list, one mutex. */
 #include "cluster/pubsub.h"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* pubsub: the post office of one process. It knows which sinks (the lanes
  * of a worker, or in the root: the root lane and the workers) have
  * subscribers for which channels and patterns, and hands each published

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* defer: mutex-guarded ring of tasks plus an eventfd for wake-ups. */
 #include "core/defer.h"
 

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* defer: a thread-safe FIFO of small tasks, with an optional eventfd that
  * wakes the consuming event loop, and a pool of threads to run loops on. */
 #ifndef MP_DEFER_H

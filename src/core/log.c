@@ -1,8 +1,11 @@
+/* SPDX-License-Identifier: MIT */
+
 /* log: formats a diagnostic line and writes it to stderr in one call. */
 #include "core/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -100,8 +103,29 @@ void log_write_raw(enum log_level level, const char *source, const char *msg,
   log__emit(buf, n + len);
 }
 
+int log_open(const char *path) {
+  /* In a folder others may write to (and so plant a link in: /tmp, a
+   * shared log folder), the file itself is opened, never a link. */
+  char dir[4200];
+  snprintf(dir, sizeof(dir), "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash == dir)
+    dir[1] = 0;
+  else if (slash)
+    *slash = 0;
+  else
+    snprintf(dir, sizeof(dir), ".");
+  struct stat st;
+  int flags = O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC;
+  if (stat(dir, &st) != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)))
+    flags |= O_NOFOLLOW;
+  int fd = open(path, flags, 0644);
+  return fd < 0 ? -errno : fd;
+}
+
 int log_reopen_fd(int fd, const char *path) {
-  int nfd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  int nfd = log_open(path);
+  if (nfd < 0) return nfd;
   if (nfd < 0) return -errno;
   if (nfd == fd) return 0;
   /* stdin..stderr stay inheritable (processes a script starts share

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* log: the one place that prints diagnostics; thread-safe, line-atomic. */
 #ifndef MP_LOG_H
 #define MP_LOG_H
@@ -43,6 +45,11 @@ void log_write_raw(enum log_level level, const char *source, const char *msg,
  * logrotate moved it, and how --error-log replaces stderr (fd 2). 0 or a
  * negative errno (fd is unchanged then). Any thread. */
 int log_reopen_fd(int fd, const char *path);
+/* Opens `path` for appending (created 0644 if missing), close-on-exec,
+ * with O_NOFOLLOW when its folder is writable by group or others (a link
+ * planted there is refused with ELOOP rather than written through). The
+ * fd, or a negative errno. Any thread. */
+int log_open(const char *path);
 
 #define log_error(...) log_write(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) log_write(LOG_WARN, __VA_ARGS__)

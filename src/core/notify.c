@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* notify: the sd_notify protocol in a few lines: one datagram of
  * "KEY=VALUE" lines to a unix socket, no libsystemd. */
 #include "core/notify.h"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* notify: tells a service manager (systemd, Type=notify) how the server
  * is doing, through the datagram socket named by $NOTIFY_SOCKET. */
 #ifndef MP_NOTIFY_H

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* shdict: the shared dictionary's store (see shdict.h): shards, each a
  * robust lock, a hash table, an LRU list and a buddy allocator, all inside
  * one MAP_SHARED mapping and all addressed by offsets. */
@@ -28,6 +30,9 @@
 #define SHD_TAG_USED 0x5B5D0000u
 #define SHD_TAG_MASK 0xFFFF0000u
 
+/* The longest hash chain (shd_insert). */
+#define SHD_CHAIN_MAX 32
+
 #define SHD_MAGIC 0x6d70736864696374ull /* "mpshdict" */
 
 /* The mapping's first 64 bytes. Written once by shdict_new, before any
@@ -35,11 +40,15 @@
 typedef struct {
   uint64_t magic;
   uint64_t size;
-  uint64_t seed; /* the hash's key, so keys can't be chosen to collide */
+  /* SipHash's key, random per dictionary: the same in every process (they
+   * all map this segment), unknown to whoever chooses the keys */
+  uint64_t key[2];
   uint32_t nshards;
   uint32_t shard_size;
-  char name[32]; /* for a reader of a core dump */
+  char name[24]; /* for a reader of a core dump */
 } shd_hdr_t;
+_Static_assert(sizeof(shd_hdr_t) == 64,
+               "the header is the mapping's first 64 bytes");
 
 /* A shard's mutable state, at the start of the shard. Every field but the
  * lock is guarded by the lock. */
@@ -84,7 +93,7 @@ typedef struct {
 struct shdict {
   uint8_t *base;
   size_t size;
-  uint64_t seed;
+  uint64_t key[2]; /* the header's hash key */
   uint32_t nshards;
   uint32_t shard_size;
   uint32_t nbuckets;   /* per shard, a power of two */
@@ -114,23 +123,64 @@ static uint64_t shd_now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static uint64_t shd_hash(uint64_t seed, const char *k, size_t n) {
-  uint64_t h = seed ^ (n * 0x9E3779B97F4A7C15ull);
-  while (n >= 8) {
-    uint64_t w;
-    memcpy(&w, k, 8);
-    h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 31;
-    k += 8;
-    n -= 8;
+/* SipHash-1-3 (Aumasson and Bernstein; one compression round per word,
+ * three at the end, as Rust's and Python's hash tables use) of the key
+ * under the dictionary's random 128-bit key: a keyed PRF, so no set of
+ * keys collides whatever the key (the multiply-xorshift before let 2^k
+ * keys of 16k bytes share one hash for every seed). */
+#define SHD_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SHD_SIPROUND(v0, v1, v2, v3)                                           \
+  do {                                                                         \
+    v0 += v1;                                                                  \
+    v1 = SHD_ROTL(v1, 13);                                                     \
+    v1 ^= v0;                                                                  \
+    v0 = SHD_ROTL(v0, 32);                                                     \
+    v2 += v3;                                                                  \
+    v3 = SHD_ROTL(v3, 16);                                                     \
+    v3 ^= v2;                                                                  \
+    v0 += v3;                                                                  \
+    v3 = SHD_ROTL(v3, 21);                                                     \
+    v3 ^= v0;                                                                  \
+    v2 += v1;                                                                  \
+    v1 = SHD_ROTL(v1, 17);                                                     \
+    v1 ^= v2;                                                                  \
+    v2 = SHD_ROTL(v2, 32);                                                     \
+  } while (0)
+
+static uint64_t shd_hash(const uint64_t key[2], const char *k, size_t n) {
+  uint64_t v0 = key[0] ^ 0x736f6d6570736575ull;
+  uint64_t v1 = key[1] ^ 0x646f72616e646f6dull;
+  uint64_t v2 = key[0] ^ 0x6c7967656e657261ull;
+  uint64_t v3 = key[1] ^ 0x7465646279746573ull;
+  uint64_t b = (uint64_t)n << 56;
+  const unsigned char *p = (const unsigned char *)k;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t m = 0;
+    for (int i = 0; i < 8; i++) m |= (uint64_t)p[i] << (8 * i);
+    v3 ^= m;
+    SHD_SIPROUND(v0, v1, v2, v3);
+    v0 ^= m;
   }
-  uint64_t w = 0;
-  memcpy(&w, k, n);
-  h = (h ^ w) * 0x94d049bb133111ebull;
-  h ^= h >> 29;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 32;
-  return h;
+  /* the last 0..7 bytes without a loop (a loop of unknown count was a
+   * fifth of a short key's hash) */
+  switch (n) {
+  case 7: b |= (uint64_t)p[6] << 48; /* fall through */
+  case 6: b |= (uint64_t)p[5] << 40; /* fall through */
+  case 5: b |= (uint64_t)p[4] << 32; /* fall through */
+  case 4: b |= (uint64_t)p[3] << 24; /* fall through */
+  case 3: b |= (uint64_t)p[2] << 16; /* fall through */
+  case 2: b |= (uint64_t)p[1] << 8;  /* fall through */
+  case 1: b |= (uint64_t)p[0]; break;
+  default: break;
+  }
+  v3 ^= b;
+  SHD_SIPROUND(v0, v1, v2, v3);
+  v0 ^= b;
+  v2 ^= 0xff;
+  SHD_SIPROUND(v0, v1, v2, v3);
+  SHD_SIPROUND(v0, v1, v2, v3);
+  SHD_SIPROUND(v0, v1, v2, v3);
+  return v0 ^ v1 ^ v2 ^ v3;
 }
 
 static uint32_t shd_order_for(size_t bytes) {
@@ -492,7 +542,24 @@ static int shd_insert(shd_op_t *op, uint64_t h, const char *key, size_t klen,
   *b = off;
   op->s->count++;
   shd_lru_push(op, it);
-  return 0;
+  /* A bucket holds SHD_CHAIN_MAX items at most: the oldest past that is
+   * evicted, so no walk is longer whatever the keys (a random key makes a
+   * chain that long all but impossible; this is the backstop). */
+  uint32_t at = it->hnext;
+  for (int n = 1; at && !op->bad; n++) {
+    shd_item_t *x = shd_item(op, at);
+    if (!x) {
+      op->bad = true;
+      break;
+    }
+    if (n == SHD_CHAIN_MAX) {
+      if (!shd_expired(op, x)) *forcible = true;
+      shd_remove(op, x);
+      break;
+    }
+    at = x->hnext;
+  }
+  return op->bad ? -EIO : 0;
 }
 
 static int shd_check_key(const shdict_t *d, size_t klen) {
@@ -532,8 +599,14 @@ shdict_t *shdict_new(const char *name, size_t size) {
   d->nshards = nshards;
   d->shard_size = (uint32_t)shard_size;
   memcpy(d->name, name, nlen + 1);
-  if (getrandom(&d->seed, sizeof(d->seed), GRND_NONBLOCK) != sizeof(d->seed))
-    d->seed = (uint64_t)shd_now_ms() * 0x9E3779B97F4A7C15ull ^ (uintptr_t)d;
+  /* A dictionary without a random key is not made: a guessable one gives
+   * the collisions back. */
+  if (getrandom(d->key, sizeof(d->key), 0) != (ssize_t)sizeof(d->key)) {
+    munmap(base, size);
+    free(d);
+    errno = EAGAIN;
+    return NULL;
+  }
   /* A bucket (4 bytes) per 256 bytes of arena: chains stay short for
    * items of a few dozen bytes, the table costs under 2 %. */
   size_t head = (sizeof(shd_shard_t) + 63) & ~(size_t)63;
@@ -551,7 +624,7 @@ shdict_t *shdict_new(const char *name, size_t size) {
   shd_hdr_t *hdr = (shd_hdr_t *)base;
   hdr->magic = SHD_MAGIC;
   hdr->size = size;
-  hdr->seed = d->seed;
+  memcpy(hdr->key, d->key, sizeof(hdr->key));
   hdr->nshards = nshards;
   hdr->shard_size = d->shard_size;
   snprintf(hdr->name, sizeof(hdr->name), "%s", name);
@@ -635,7 +708,7 @@ uint64_t shdict_repairs(shdict_t *d) {
 
 static bool shd_get_fast(const shdict_t *d, uint64_t h, const char *key,
                          size_t klen, bool stale, shd_value_t *out, char *buf,
-                         size_t cap, bool *expired, int *rcp) {
+                         size_t cap, bool *expired, int *rcp, uint64_t now_ms) {
   uint32_t i = (uint32_t)(h >> 40) & (d->nshards - 1);
   const uint8_t *sb = d->base + 64 + (size_t)i * d->shard_size;
   shd_shard_t *s = (shd_shard_t *)sb;
@@ -667,7 +740,7 @@ static bool shd_get_fast(const shdict_t *d, uint64_t h, const char *key,
         lock = true;
         break;
       }
-      old = hd.expires && hd.expires <= shd_now_ms();
+      old = hd.expires && hd.expires <= (now_ms ? now_ms : shd_now_ms());
       if (old && !stale) break;
       const uint8_t *vp = kp + hd.klen;
       out->type = hd.type;
@@ -701,9 +774,9 @@ int shdict_get(shdict_t *d, const char *key, size_t klen, bool stale,
                shd_value_t *out, char *buf, size_t cap, bool *expired) {
   int rc = shd_check_key(d, klen);
   if (rc) return rc == -EINVAL ? -ENOENT : rc;
-  uint64_t h = shd_hash(d->seed, key, klen);
+  uint64_t h = shd_hash(d->key, key, klen);
   if (SHD_OPTIMISTIC &&
-      shd_get_fast(d, h, key, klen, stale, out, buf, cap, expired, &rc))
+      shd_get_fast(d, h, key, klen, stale, out, buf, cap, expired, &rc, 0))
     return rc;
   shd_op_t op;
   if ((rc = shd_begin(d, h, &op))) return rc;
@@ -737,7 +810,7 @@ int shdict_store(shdict_t *d, int op_kind, const char *key, size_t klen,
   if (v->type != SHD_NIL &&
       klen + shd_vlen(v) > shdict_max_item(d))
     return -E2BIG;
-  uint64_t h = shd_hash(d->seed, key, klen);
+  uint64_t h = shd_hash(d->key, key, klen);
   shd_op_t op;
   if ((rc = shd_begin(d, h, &op))) return rc;
   shd_item_t *it = shd_find(&op, h, key, klen);
@@ -769,7 +842,7 @@ int shdict_incr(shdict_t *d, const char *key, size_t klen, double n,
   *forcible = false;
   int rc = shd_check_key(d, klen);
   if (rc) return rc;
-  uint64_t h = shd_hash(d->seed, key, klen);
+  uint64_t h = shd_hash(d->key, key, klen);
   shd_op_t op;
   if ((rc = shd_begin(d, h, &op))) return rc;
   shd_item_t *it = shd_find(&op, h, key, klen);
@@ -794,6 +867,79 @@ int shdict_incr(shdict_t *d, const char *key, size_t klen, double n,
   return shd_end(&op, rc);
 }
 
+int shdict_gcra(shdict_t *d, const char *key, size_t klen, double now_us,
+                double interval_us, double tolerance_us, double n,
+                double *wait_us, bool *forcible) {
+  *forcible = false;
+  *wait_us = 0;
+  int rc = shd_check_key(d, klen);
+  if (rc) return rc;
+  uint64_t h = shd_hash(d->key, key, klen);
+  /* One clock for the whole decision (the expiry checks and the deadline
+   * reuse it), as each read costs as much as the rest of it: the caller's
+   * (a loop's, read once per iteration) or one read here. A clock that
+   * lags another lane's only makes a decision stricter (the time stored
+   * is the later of the two), except on a key idle past its time, whose
+   * budget then restarts from the lagging now. */
+  double now = now_us;
+  if (!(now >= 0)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+  }
+  uint64_t now_ms = (uint64_t)(now / 1e3);
+  if (!now_ms) now_ms = 1;
+  /* A rejection changes nothing, so it needs no lock: a time read
+   * consistently without it (the seqlock read of shd_get_fast) that
+   * rejects is as good as one read under the lock, since a stored time
+   * only moves forward while it is live. Most decisions under an attack
+   * are rejections, and this keeps them off the shard's lock and its
+   * cache line. A pass, or anything unclear, takes the lock below. */
+  shd_value_t fv;
+  bool fexp;
+  int frc;
+  if (SHD_OPTIMISTIC &&
+      shd_get_fast(d, h, key, klen, false, &fv, NULL, 0, &fexp, &frc, now_ms) &&
+      frc == 0 && fv.type == SHD_NUM) {
+    double tat = fv.num < now ? now : fv.num;
+    double over = tat + n * interval_us - now - (tolerance_us + interval_us);
+    if (over > 0) {
+      *wait_us = over;
+      return 0;
+    }
+  }
+  shd_op_t op;
+  if ((rc = shd_begin(d, h, &op))) return rc;
+  op.now = now_ms;
+  shd_item_t *it = shd_find(&op, h, key, klen);
+  double tat = now;
+  if (it && !shd_expired(&op, it)) {
+    if (it->type != SHD_NUM) return shd_end(&op, -EINVAL);
+    memcpy(&tat, shd_val(it), sizeof(tat));
+    if (tat < now) tat = now;
+  }
+  if (op.bad) return shd_end(&op, 0);
+  double next = tat + n * interval_us;
+  double over = next - now - (tolerance_us + interval_us);
+  if (over > 0) { /* rejected: nothing changes */
+    *wait_us = over;
+    return shd_end(&op, 0);
+  }
+  *wait_us = tat - now; /* what a conforming (delayed) pass would wait */
+  double ttl = (next - now) / 1e6;
+  if (it && !shd_expired(&op, it)) {
+    memcpy(shd_val(it), &next, sizeof(next));
+    it->expires = shd_deadline(&op, ttl);
+    if (!it->ref) it->ref = 1;
+    return shd_end(&op, 1);
+  }
+  if (it) shd_remove(&op, it);
+  if (op.bad) return shd_end(&op, 0);
+  shd_value_t v = {.type = SHD_NUM, .num = next};
+  rc = shd_insert(&op, h, key, klen, &v, shd_deadline(&op, ttl), forcible);
+  return shd_end(&op, rc ? rc : 1);
+}
+
 int shdict_delete(shdict_t *d, const char *key, size_t klen) {
   shd_value_t nil = {.type = SHD_NIL};
   bool f;
@@ -804,7 +950,7 @@ int shdict_delete(shdict_t *d, const char *key, size_t klen) {
 int shdict_ttl(shdict_t *d, const char *key, size_t klen, double *left) {
   int rc = shd_check_key(d, klen);
   if (rc) return -ENOENT;
-  uint64_t h = shd_hash(d->seed, key, klen);
+  uint64_t h = shd_hash(d->key, key, klen);
   shd_op_t op;
   if ((rc = shd_begin(d, h, &op))) return rc;
   shd_item_t *it = shd_find(&op, h, key, klen);
@@ -816,7 +962,7 @@ int shdict_ttl(shdict_t *d, const char *key, size_t klen, double *left) {
 int shdict_expire(shdict_t *d, const char *key, size_t klen, double ttl) {
   int rc = shd_check_key(d, klen);
   if (rc) return -ENOENT;
-  uint64_t h = shd_hash(d->seed, key, klen);
+  uint64_t h = shd_hash(d->key, key, klen);
   shd_op_t op;
   if ((rc = shd_begin(d, h, &op))) return rc;
   shd_item_t *it = shd_find(&op, h, key, klen);
@@ -903,14 +1049,14 @@ size_t shdict_flush_expired(shdict_t *d, size_t max) {
 
 int shdict__hold(shdict_t *d, const char *key, size_t klen, bool writing) {
   shd_op_t op;
-  int rc = shd_begin(d, shd_hash(d->seed, key, klen), &op);
+  int rc = shd_begin(d, shd_hash(d->key, key, klen), &op);
   if (!rc && !writing)
     atomic_store_explicit(&op.s->writing, 0, memory_order_relaxed);
   return rc;
 }
 
 uint32_t shdict__shard(const shdict_t *d, const char *key, size_t klen) {
-  return (uint32_t)(shd_hash(d->seed, key, klen) >> 40) & (d->nshards - 1);
+  return (uint32_t)(shd_hash(d->key, key, klen) >> 40) & (d->nshards - 1);
 }
 
 void shdict__damage(shdict_t *d, uint32_t seed) {

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* shdict: a key/value dictionary in one shared memory mapping, used by
  * every thread of every process that inherits it (mp.shared).
  *
@@ -92,6 +94,22 @@ int shdict_incr(shdict_t *d, const char *key, size_t klen, double n,
 
 /* 0 (whether or not key was there). */
 int shdict_delete(shdict_t *d, const char *key, size_t klen);
+/* One decision of the generic cell rate algorithm (mp.limit) on the
+ * theoretical arrival time stored at key (a number, microseconds of
+ * CLOCK_MONOTONIC), in one locked step: n units pass when the time they
+ * push it to is at most tolerance_us + interval_us ahead of now (so
+ * tolerance / interval + 1 pass at one instant, as nginx's limit_req
+ * burst). Returns 1 (passed: the time is stored, expiring when it is
+ * reached; *wait_us is how far ahead of now it was, what a caller that
+ * delays instead of bursting waits), 0 (rejected, nothing stored;
+ * *wait_us until n would pass) or a negative errno (-EINVAL: key holds
+ * something else). now_us is the caller's reading of CLOCK_MONOTONIC in
+ * microseconds (a loop's cached clock), or < 0 to read it here. A
+ * rejection takes no lock where the shard can be read without it. Any
+ * thread. */
+int shdict_gcra(shdict_t *d, const char *key, size_t klen, double now_us,
+                double interval_us, double tolerance_us, double n,
+                double *wait_us, bool *forcible);
 /* Seconds left before key expires (0: never), or -ENOENT. */
 int shdict_ttl(shdict_t *d, const char *key, size_t klen, double *left);
 /* Sets key's time to live (seconds, 0: never), or -ENOENT. */

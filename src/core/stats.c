@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* stats: counters in a shared mapping; see stats.h. */
 #include "core/stats.h"
 
@@ -5,6 +7,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+
+const double stats_latency_bounds_ms[STAT_LAT_BOUNDS] = {
+    1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
 
 struct stats {
   int nslots;
@@ -79,6 +84,9 @@ void stats_retire(stats_t *s, int first, int count) {
   sum[STAT_CONN_CLOSED] = sum[STAT_CONN_ACCEPTED];
   sum[STAT_WS_CLOSED] = sum[STAT_WS_OPENED];
   sum[STAT_SSE_CLOSED] = sum[STAT_SSE_OPENED];
+  sum[STAT_PG_CONN_CLOSED] = sum[STAT_PG_CONN_OPENED];
+  sum[STAT_PG_BUSY_OUT] = sum[STAT_PG_BUSY_IN];
+  sum[STAT_PG_WAIT_OUT] = sum[STAT_PG_WAIT_IN];
   for (int k = 0; k < STAT_N; k++)
     if (!stats__gauge(k))
       atomic_fetch_add_explicit(&s->gone[k], sum[k], memory_order_relaxed);

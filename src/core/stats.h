@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* stats: the server's counters, in one shared mapping that the root makes
  * before it forks, so that any lane of any process can read the whole
  * server's figures without asking anyone. Each lane writes only its own
@@ -32,17 +34,64 @@ enum {
   STAT_SSE_OPENED,
   STAT_SSE_CLOSED,
   STAT_PUBSUB_DELIVERED, /* messages handed to a subscriber */
-  STAT_LUA_KB,           /* gauge */
-  STAT_LAG_US,           /* gauge */
-  STAT_N
+  /* compression: body bytes before and after (HTTP responses, SSE),
+   * WebSocket message bytes before and after deflate, and the deflate
+   * runs of WebSocket messages (a shared fan-out frame counts once);
+   * responses sent from the compressed-file cache (no compression run) */
+  STAT_HTTP_COMP_IN,
+  STAT_HTTP_COMP_OUT,
+  STAT_HTTP_COMP_CACHED,
+  STAT_WS_DEFL_IN,
+  STAT_WS_DEFL_OUT,
+  STAT_WS_DEFLATES,
+  /* HTTP responses and their body bytes (after compression) by the
+   * protocol they went over: HTTP/1.1, HTTP/2 (h2 and h2c) */
+  STAT_HTTP_H1_REQS,
+  STAT_HTTP_H2_REQS,
+  STAT_HTTP_H1_BODY,
+  STAT_HTTP_H2_BODY,
+  /* mp.pg's pools (src/pg): connections, busy ones (a query in flight or
+   * pinned), waiters in the queues, as opened/closed pairs; queries
+   * answered, errors among them, timeouts, summed query time */
+  STAT_PG_CONN_OPENED,
+  STAT_PG_CONN_CLOSED,
+  STAT_PG_BUSY_IN,
+  STAT_PG_BUSY_OUT,
+  STAT_PG_WAIT_IN,
+  STAT_PG_WAIT_OUT,
+  STAT_PG_QUERIES,
+  STAT_PG_ERRORS,
+  STAT_PG_TIMEOUTS,
+  STAT_PG_QUERY_US,
+  /* errors from the server by SQLSTATE class (pg.h's pg_errclass_name) */
+  STAT_PG_ERRCLASS,
+  STAT_LUA_KB = STAT_PG_ERRCLASS + 44, /* gauge */
+  STAT_LAG_US,                         /* gauge */
+  /* HTTP request latency by status class: for each class (1xx..5xx) the
+   * count of each bucket of stats_latency_bounds_ms (not cumulative), the
+   * +Inf bucket, then the sum in ms (stats_latency) */
+  STAT_LAT,
+  STAT_N = STAT_LAT + 5 * (12 + 2)
 };
+
+#define STAT_PG_ERRCLASSES 44 /* the slots from STAT_PG_ERRCLASS */
+#define STAT_LAT_BOUNDS 12    /* finite buckets */
+#define STAT_LAT_PER (STAT_LAT_BOUNDS + 2)
+/* The buckets' upper bounds, ms. */
+extern const double stats_latency_bounds_ms[STAT_LAT_BOUNDS];
 
 /* Counters of the server as a whole, in the root's slot area. */
 enum {
-  STAT_SRV_WORKER_RESTARTS, /* workers started after the first ones */
-  STAT_SRV_RELOADS,         /* reloads that took */
-  STAT_SRV_REDIS_UP,        /* gauge: 1 while the Redis engine is connected */
-  STAT_SRV_PROCESSES,       /* processes started (the root and -w 1 included) */
+  /* workers started after the first ones, by why (as cluster_cause_t,
+   * from CLUSTER_CAUSE_CRASH on) */
+  STAT_SRV_RESTARTS_CRASH,
+  STAT_SRV_RESTARTS_WATCHDOG,
+  STAT_SRV_RESTARTS_MEMORY,
+  STAT_SRV_RESTARTS_RELOAD,
+  STAT_SRV_RESTARTS_RESTART,
+  STAT_SRV_RELOADS,   /* reloads that took */
+  STAT_SRV_REDIS_UP,  /* gauge: 1 while the Redis engine is connected */
+  STAT_SRV_PROCESSES, /* processes started (the root and -w 1 included) */
   STAT_SRV_N
 };
 
@@ -76,6 +125,16 @@ static inline void stats_add(stats_slot_t *sl, int what, uint64_t n) {
 }
 static inline void stats_set(stats_slot_t *sl, int what, uint64_t v) {
   if (sl) atomic_store_explicit(&sl->v[what], v, memory_order_relaxed);
+}
+
+/* Counts a response of status class `cls` (1..5) that took `ms`. */
+static inline void stats_latency(stats_slot_t *sl, int cls, uint64_t ms) {
+  if (!sl || cls < 1 || cls > 5) return;
+  int b = 0;
+  while (b < STAT_LAT_BOUNDS && (double)ms > stats_latency_bounds_ms[b]) b++;
+  int at = STAT_LAT + (cls - 1) * STAT_LAT_PER;
+  stats_add(sl, at + b, 1);
+  stats_add(sl, at + STAT_LAT_BOUNDS + 1, ms);
 }
 
 /* Sums slots [first, first + count) and, with `gone`, what stats_retire

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* timer: a binary min-heap ordered by due time, with index back-pointers so
  * a stop removes in O(log n). */
 #include "core/timer.h"

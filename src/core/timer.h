@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* timer: one-shot and repeating timers in a binary min-heap, driven by the
  * owning event loop (no file descriptor per timer). Single-threaded: a heap
  * and its timers belong to the thread that runs it. */

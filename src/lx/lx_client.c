@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_client: the per-lane state of mp.resolve, mp.tcp and mp.wait, and
  * their registration (see lx_client.h). */
 #include <errno.h>
@@ -172,19 +174,15 @@ net_tls_ctx_t *lx_client_tls(lua_State *L, lx_client_t *cl, int idx,
   return lx__tls_box(L, ctx);
 }
 
-void lx_client_open(lua_State *L, lx_lane_t *ln) {
-  lx_dns_open(L, ln);
-  lx_tcp_open(L, ln);
-  lx_wait_open(L, ln);
+lx_client_t *lx_client_closing(lx_lane_t *ln) {
+  lx_client_t *cl = ln->L ? lx__client_get(ln->L) : NULL;
+  if (cl) cl->closing = true;
+  return cl;
 }
 
 void lx_client_lane_free(lx_lane_t *ln) {
-  if (!ln->L) return;
-  lx_client_t *cl = lx__client_get(ln->L);
+  lx_client_t *cl = lx_client_closing(ln);
   if (!cl) return;
-  cl->closing = true;
-  lx_tcp_free_all(cl);
-  lx_wait_free_all(cl);
   /* Pending lookups get -ECANCELED from inside dns_free; their callbacks
    * see the lane closing and only free their request. */
   if (cl->dns) dns_free(cl->dns);

@@ -1,11 +1,16 @@
-/* lx_client: what a handler uses to reach the world and wait for it, per
- * lane: mp.resolve (lx_dns.c, on the lane's c-ares resolver), mp.tcp
- * (lx_tcp.c, waiting sockets and their keep-alive pool) and mp.wait
- * (lx_wait.c, a callback API turned into a wait).
+/* SPDX-License-Identifier: MIT */
+
+/* lx_client: the per-lane state that what a handler uses to reach the
+ * world and wait for it shares: mp.resolve (lx_dns.h, on the lane's c-ares
+ * resolver), mp.tcp (lx_tcp.h, waiting sockets and their keep-alive pool)
+ * and mp.wait (lx_wait.h, a callback API turned into a wait). Each of
+ * those is a row of lx_modules.c of its own and includes this header;
+ * this one names none of them.
  *
  * The per-lane state (lx_client_t) is made on the lane's first use of any
- * of them and freed by lx_client_lane_free. Everything here belongs to
- * the lane's thread. */
+ * of them and freed by lx_client_lane_free (the "client" row's close,
+ * after the tcp and wait rows' closes). Everything here belongs to the
+ * lane's thread. */
 #ifndef MP_LX_CLIENT_H
 #define MP_LX_CLIENT_H
 
@@ -37,12 +42,8 @@ typedef struct lx_client {
   bool closing;          /* lx_client_lane_free is running */
 } lx_client_t;
 
-/* Registers mp.resolve, mp.tcp and mp.wait into the module table at the
- * top of L (luaopen_moonport). */
-void lx_client_open(lua_State *L, lx_lane_t *ln);
-
-/* Frees the lane's resolver, pool and sockets' connections, stops their
- * timers; suspended waits are dropped without resuming (the lane is
+/* Frees the lane's resolver and TLS cache, once lx_tcp_lane_close and
+ * lx_wait_lane_close have ended its sockets and waits (the lane is
  * going). Call in lx_lane_free before the reactor is freed, while the Lua
  * state still exists. Safe when nothing was ever made. */
 void lx_client_lane_free(lx_lane_t *ln);
@@ -65,15 +66,9 @@ dns_resolver_t *lx_client_dns(lx_lane_t *ln, int *err);
 net_tls_ctx_t *lx_client_tls(lua_State *L, lx_client_t *cl, int idx,
                              const char **sni, const char **key);
 
-/* ---- the modules' opens and frees (lx_dns.c, lx_tcp.c, lx_wait.c) ---- */
-void lx_dns_open(lua_State *L, lx_lane_t *ln);
-void lx_tcp_open(lua_State *L, lx_lane_t *ln);
-void lx_tcp_free_all(lx_client_t *cl);
-/* The protocol of an mp.listen service with on_connect (lx_service_t's
- * on_connect, max_buffer, max_line): each accepted connection becomes an
- * mp.tcp socket passed to on_connect in a coroutine of its own. */
-extern const proto_t lx_tcp_server_proto;
-void lx_wait_open(lua_State *L, lx_lane_t *ln);
-void lx_wait_free_all(lx_client_t *cl);
+/* The lane is being freed: its state, now marked closing (so callbacks
+ * only clean up), or NULL if it was never made (never makes it). The
+ * close hooks of the tcp, wait and client rows each start with it. */
+lx_client_t *lx_client_closing(lx_lane_t *ln);
 
 #endif

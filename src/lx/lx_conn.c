@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_conn: connection objects for Lua, and the protocol that runs a
  * service's Lua handlers for each connection event. */
 #include <errno.h>
@@ -8,7 +10,6 @@
 #include <unistd.h>
 
 #include "core/log.h"
-#include "lx/lx_client.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
 #include "lx/lx_lane.h"
@@ -226,7 +227,7 @@ static int lx_conn_is_open(lua_State *L) {
 
 static int lx_conn_pending(lua_State *L) {
   conn_t *c = lx__conn(L, lx__ln(L));
-  lua_pushnumber(L, c ? (lua_Number)reactor_conn_pending(c) : 0);
+  lua_pushnumber(L, c ? (lua_Number)reactor_conn_pending_ready(c) : 0);
   return 1;
 }
 
@@ -484,12 +485,10 @@ lx_service_t *lx_service_new(lua_State *L, lx_lane_t *ln, int idx,
   s->proto.on_shutdown = s->on_shutdown != LUA_NOREF ? lx_on_shutdown : NULL;
   s->proto.on_close = lx_on_close;
   s->proto.on_fail = lx_on_fail;
-  if (s->on_connect != LUA_NOREF) {
-    /* The cosocket style: lua/moonport/mp.lua checked the options. */
-    s->max_buffer = (size_t)max_buffer;
-    s->max_line = (size_t)max_line;
-    s->proto = lx_tcp_server_proto;
-  }
+  /* The cosocket style (on_connect): lx_tcp_service_new puts its protocol
+   * in; lua/moonport/mp.lua checked the options. */
+  s->max_buffer = (size_t)max_buffer;
+  s->max_line = (size_t)max_line;
   s->next = ln->services;
   if (s->next) s->next->prev = s;
   ln->services = s;

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_conn: services (a listener's or a client's handlers and options)
  * and the Lua connection object; the helpers other classes use for
  * userdata with an `env` table. Lane thread. */
@@ -5,25 +7,7 @@
 #define MP_LX_CONN_H
 
 #include "lx/lx_lane.h"
-
-/* A set of handlers with its protocol: a listener's, or one client's. */
-typedef struct lx_service {
-  proto_t proto;
-  lx_lane_t *ln;
-  int on_open, on_data, on_ready, on_timeout, on_shutdown, on_close,
-      on_fail; /* registry refs or LUA_NOREF */
-  int on_connect; /* the cosocket style (lx_tcp_server_proto), or NOREF */
-  size_t max_buffer, max_line; /* on_connect sockets' limits (0: default) */
-  conn_opts_t opts;
-  listener_t *listener;
-  lx_shared_listener_t *shared;
-  int conns;   /* connections using it */
-  bool client; /* freed with its one connection */
-  void *ext;   /* a protocol's own settings (HTTP), freed by ext_free */
-  void (*ext_free)(struct lx_service *s);
-  bool closed; /* the listener is closed */
-  struct lx_service *prev, *next;
-} lx_service_t;
+#include "lx/lx_service.h"
 
 /* Makes metatable `name` (left on the stack) for userdata objects whose
  * methods are C closures with upvalues (the lane, the metatable), and

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_dns: mp.resolve(host [, opts]), a lookup on the lane's c-ares
  * resolver (net/dns.h) that waits only its coroutine. The Lua half is
  * lua/moonport/dns.lua; the resolver itself lives in lx_client.c. */
@@ -8,6 +10,7 @@
 #include <sys/socket.h>
 
 #include "lx/lx_client.h"
+#include "lx/lx_dns.h"
 #include "lx/lx_embed.h"
 
 /* Default bound of one mp.resolve when opts.timeout is not given. */

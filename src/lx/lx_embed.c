@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* Loaders of the built-in Lua modules (lua/moonport/, see lx_embed.h). */
 #include <errno.h>
 #include <stdio.h>

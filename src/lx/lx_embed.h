@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* The Lua modules of lua/moonport/ built into the binary, and the loaders
  * that make them require()-able (package.preload) on a lane.
  *

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_engine: the Redis pub/sub engine's place in a server. It lives on one
  * reactor (the root lane's, or lane 1's in a one-process server); lanes
  * and IPC reach it with posted operations, in the order of the counts that
@@ -151,8 +153,9 @@ int lx_engine_start(lx_server_t *srv, reactor_t *r) {
     return -1;
   }
   redis_engine_set_gauge(srv->engine, &srv->engine_held);
-  log_info("pub/sub through Redis at %s:%d%s", u.host, u.port,
-           u.tls ? " (TLS)" : "");
+  char where[300];
+  log_info("pub/sub through Redis at %s%s",
+           redis_url_where(&u, where, sizeof(where)), u.tls ? " (TLS)" : "");
   return 0;
 }
 

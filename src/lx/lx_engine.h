@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_engine: the Redis engine of a process: pub/sub across servers through
  * Redis (src/redis), counting which channels this server has subscribers
  * for and publishing with scope = "cluster". Started by src/server on the

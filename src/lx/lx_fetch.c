@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_fetch: core.fetch.parse for lua/moonport/fetch.lua (lx_fetch.h). The
  * head is parsed in C, where the framing rules already live and are
  * fuzzed (http1_response.c); the values cross to Lua once. */

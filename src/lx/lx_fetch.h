@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_fetch: mp.fetch, the HTTP/1.1 client (lua/moonport/fetch.lua), and
  * the one C primitive it needs: core.fetch.parse, the response head parsed
  * by src/http/http1_response.c into Lua values. Everything else (the URL,

@@ -1,19 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_lane: a lane's Lua VM, its coroutine pool and the callback runner. */
 #include <errno.h>
 #include <libgen.h>
+#include <limits.h>
 #include <lualib.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
 #include "lx/lx_embed.h"
 #include "lx/lx_lane.h"
-#include "lx/lx_listen.h"
-#include "lx/lx_modules.h"
+#include "lx/lx_module.h"
 #include "lx/lx_server.h"
 
 /* Registry key whose address identifies the lane of a lua_State. */
@@ -378,16 +382,77 @@ void lx_call_list(lx_lane_t *ln, int list_ref, const char *what) {
 
 /* The script's folder first on package.path (moonport's own modules come
  * from package.preload: lx_embed.h). */
+/* Registry keys: the script's absolute folder (a string) and the table
+ * that keeps lx_script_path's strings alive. */
+static const char lx__script_dir_key = 0;
+static const char lx__paths_key = 0;
+
 static void lx__set_paths(lua_State *L, const char *script) {
   char *copy = strdup(script);
   const char *dir = copy ? dirname(copy) : ".";
+  char *abs = realpath(dir, NULL); /* NULL: keep it as given */
+  if (abs) dir = abs;
+  lua_pushlightuserdata(L, (void *)&lx__script_dir_key);
+  lua_pushstring(L, dir);
+  lua_rawset(L, LUA_REGISTRYINDEX);
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "path");
   lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir,
                   lua_tostring(L, -1));
   lua_setfield(L, -3, "path");
   lua_pop(L, 2);
+  free(abs);
   free(copy);
+}
+
+void lx_push_script_dir(lua_State *L) {
+  lua_pushlightuserdata(L, (void *)&lx__script_dir_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+}
+
+const char *lx_script_path(lua_State *L, const char *name) {
+  if (!name || name[0] == '/') return name;
+  lx_push_script_dir(L);
+  size_t dl = 0, nl = strlen(name);
+  const char *dir = lua_tolstring(L, -1, &dl);
+  if (!dir) dir = ".", dl = 1;
+  if (dl + 1 + nl >= PATH_MAX) {
+    lua_pop(L, 1);
+    luaL_error(L, "file name too long: %s", name);
+  }
+  lua_pushlightuserdata(L, (void *)&lx__paths_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushlightuserdata(L, (void *)&lx__paths_key);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, LUA_REGISTRYINDEX);
+  }
+  lua_pushfstring(L, "%s/%s", dir, name);
+  const char *full = lua_tostring(L, -1);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3); /* paths[full] = true: interned, so `full` lives on */
+  lua_pop(L, 2);
+  return full;
+}
+
+/* math.random in every lane starts from the OS's randomness, so two
+ * workers (or lanes) never draw the same numbers (ids made with it would
+ * collide). LuaJIT seeds from a double: 53 random bits. */
+static void lx__seed_random(lua_State *L) {
+  uint64_t r = 0;
+  if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^
+        ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)L;
+  }
+  lua_getglobal(L, "math");
+  lua_getfield(L, -1, "randomseed");
+  lua_pushnumber(L, (lua_Number)(r >> 11));
+  lua_call(L, 1, 0);
+  lua_pop(L, 1);
 }
 
 static void lx__set_args(lua_State *L, lx_server_t *srv) {
@@ -403,6 +468,34 @@ static void lx__set_args(lua_State *L, lx_server_t *srv) {
 
 static void lx__retire(lx_lane_t *ln);
 
+/* The modules' per-lane states (lx_module.h: slot, lane_size). A row's
+ * slot is written here only while it differs: the first lane of the
+ * process is made on the main thread before any lane thread runs, and
+ * every later one writes nothing, so lane threads only read it. */
+static int lx__states_new(lx_lane_t *ln) {
+  size_t n = 0;
+  for (const lx_module_t *m = ln->srv->modules; m && m->name; m++) n++;
+  ln->state = calloc(n ? n : 1, sizeof(*ln->state));
+  if (!ln->state) return -ENOMEM;
+  int i = 0;
+  for (const lx_module_t *m = ln->srv->modules; m && m->name; m++, i++) {
+    if (!m->slot) continue;
+    if (*m->slot != i) *m->slot = i;
+    if (m->lane_size && !(ln->state[i] = calloc(1, m->lane_size)))
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+static void lx__states_free(lx_lane_t *ln) {
+  if (!ln->state) return;
+  int i = 0;
+  for (const lx_module_t *m = ln->srv->modules; m && m->name; m++, i++)
+    free(ln->state[i]);
+  free(ln->state);
+  ln->state = NULL;
+}
+
 lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
                        reactor_t *on, char *err, size_t errlen) {
   lx_lane_t *ln = calloc(1, sizeof(*ln));
@@ -415,10 +508,17 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
   ln->is_root = is_root;
   ln->start_ref = ln->stop_ref = ln->worker_start_ref = ln->reload_ref =
       LUA_NOREF;
+  if (lx__states_new(ln)) {
+    snprintf(err, errlen, "out of memory");
+    lx__states_free(ln);
+    free(ln);
+    return NULL;
+  }
   ln->owns_r = !on;
   ln->r = on ? on : reactor_new(index);
   if (!ln->r) {
     snprintf(err, errlen, "cannot create an event loop: %s", strerror(errno));
+    lx__states_free(ln);
     free(ln);
     return NULL;
   }
@@ -430,6 +530,7 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
     return NULL;
   }
   luaL_openlibs(L);
+  lx__seed_random(L);
   lua_pushlightuserdata(L, (void *)&lx_take_key);
   lua_pushcfunction(L, lx__take_p);
   lua_rawset(L, LUA_REGISTRYINDEX);
@@ -444,12 +545,6 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
   ln->worker_start_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   ln->reload_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);
-  ln->subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);
-  ln->psubs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);
-  ln->conn_subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lx_embed_install(L);
   lx__install_yield(L, ln);
   LX_EACH_MODULE(ln, init, L, ln);
@@ -485,6 +580,13 @@ static void lx__start(void *a, void *b) {
   LX_EACH_MODULE(ln, start, ln);
   if (!ln->is_root) lx_call_list(ln, ln->worker_start_ref, "worker_start handler");
   lx_call_list(ln, ln->start_ref, "start handler");
+  if (ln->is_root) return;
+  /* The process serves once every lane's start handlers have run: the
+   * main thread tells the root (or systemd) then. */
+  atomic_fetch_add(&ln->srv->lanes_started, 1);
+  uint64_t one = 1;
+  ssize_t w = write(ln->srv->proc.wake_fd, &one, sizeof(one));
+  (void)w;
 }
 
 void lx_lane_run(lx_lane_t *ln) {
@@ -498,7 +600,7 @@ void lx_lane_run(lx_lane_t *ln) {
                     strerror(-rc));
   atomic_fetch_add(&srv->lanes_done, 1);
   uint64_t one = 1; /* wake the main thread */
-  ssize_t w = write(srv->wake_fd, &one, sizeof(one));
+  ssize_t w = write(srv->proc.wake_fd, &one, sizeof(one));
   (void)w;
 }
 
@@ -519,6 +621,7 @@ void lx_lane_free(lx_lane_t *ln) {
   if (ln->owns_r) reactor_free(ln->r);
   if (ln->L) LX_EACH_MODULE(ln, free, ln);
   if (ln->L) lua_close(ln->L);
+  lx__states_free(ln);
   free(ln->idle);
   free(ln);
 }
@@ -566,7 +669,7 @@ static void lx__retire(lx_lane_t *ln) {
 bool lx_lane_reload_root(lx_server_t *srv, char *err, size_t errlen) {
   lx_lane_t *old = srv->lanes[0];
   lx_lane_t *ln = lx_lane_new(srv, 0, true, old->r, err, errlen);
-  lx_shared_reload_end(srv, ln != NULL); /* new certificates, or not */
+  LX_EACH_MODULE(old, reload_end, srv, ln != NULL); /* new certificates? */
   if (!ln) return false;
   srv->lanes[0] = ln; /* deliveries from now on go to the new code */
   ln->owns_r = old->owns_r; /* the reactor outlives the old lane */

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_lane: a lane (one thread, one reactor, one lua_State) and its
  * callback runner: pooled coroutines, waiting (the arm/resume contract),
  * errors. Every other lx_ header builds on this one. Lane thread only,
@@ -25,7 +27,7 @@ typedef struct lx_timer lx_timer_t;
 /* What a callback is about, for error handling and for holding. */
 enum { LX_PLAIN = 0, LX_CONN, LX_TIMER, LX_TASK };
 
-typedef struct {
+typedef struct lx_run {
   lua_State *co;
   int co_ref;
   int kind;
@@ -65,14 +67,6 @@ void lx_wait_cancel_on(lx_lane_t *ln, lx_cancel_fn cancel, void *arg);
 /* Raises unless L is the coroutine of the callback now running. */
 void lx_check_waitable(lua_State *L, lx_lane_t *ln, const char *api);
 
-/* A suspended callback waiting for a timer (mp.sleep). */
-typedef struct lx_sleep {
-  mp_timer_t timer;
-  lx_run_t run;
-  lx_lane_t *ln;
-  struct lx_sleep *prev, *next;
-} lx_sleep_t;
-
 /* Everything in a lane belongs to the lane's thread (after start-up, which
  * runs on the main thread before the lane thread exists). */
 struct lx_lane {
@@ -94,21 +88,17 @@ struct lx_lane {
   int idle_n, idle_cap;
   int start_ref, stop_ref, worker_start_ref,
       reload_ref; /* lists of mp.on handlers */
-  int subs_ref, psubs_ref; /* { [channel or pattern] = { sub, ... } } */
-  int conn_subs_ref;       /* { [uuid] = { sub, ... } } */
+  void **state;   /* per row of srv->modules: its lane state, or NULL
+                    (lx_module.h's slot and lane_size) */
   bool closing;            /* being freed: posted tasks only clean up */
   bool owns_r;             /* false: a root lane on the root's reactor */
   bool retired;            /* replaced by a reload: runs only what its
                               remaining connections need, then is freed */
   _Atomic int tasks;       /* posted tasks that will use the lane */
-  struct lx_timer *timers; /* running mp.after / mp.every timers */
   bool free_posted;        /* retired: its free is queued */
   lx_lane_t *next_retired; /* srv->retired */
-  struct lx_redis *redis_clients; /* open mp.redis clients */
   struct lx_service *services; /* every service of this lane */
-  lx_sleep_t *sleeps;          /* suspended in mp.sleep */
   int port0_listens;           /* mp.listen calls with port 0 so far */
-  struct http_cache *http_cache; /* mp.http's (http/server.h), lx_http_lane_free */
   stats_slot_t *stats;         /* its slot of srv->stats, or NULL */
   mp_timer_t stats_timer;      /* once a second: its gauges */
   bool loading;                /* the script's top level is running */
@@ -116,6 +106,11 @@ struct lx_lane {
   void *arm_cancel_arg;
 };
 
+/* A module's state in this lane: the row's slot (lx_module.h), which
+ * the runner set before the first lane. */
+static inline void *lx_lane_state(const lx_lane_t *ln, int slot) {
+  return ln->state[slot];
+}
 
 /* Pushes the server-wide id of connection `uuid` of this process:
  * "SERIAL-UUID", a string no other connection of the server has (a uuid
@@ -165,6 +160,16 @@ void lx_call_list(lx_lane_t *ln, int list_ref, const char *what);
 
 /* The lane of a state (from the registry). */
 lx_lane_t *lx_lane_of(lua_State *L);
+
+/* A file name from the script (public=, tls= cert/key/chain/ca): an
+ * absolute one as given, a relative one joined to the script's folder
+ * (made absolute when the lane started), so a server started from / finds
+ * its files as require finds its modules. The result is a Lua string the
+ * lane keeps for its life (a registry table); raises for a name longer
+ * than PATH_MAX. Pushes nothing. On the lane's thread. */
+const char *lx_script_path(lua_State *L, const char *name);
+/* Pushes the script's folder, absolute (mp.script_dir). */
+void lx_push_script_dir(lua_State *L);
 
 /* Pushes nil and a message for a negative errno, returns 2. */
 int lx_push_fail(lua_State *L, int err);

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_listen: the listening sockets lanes share (one fd per address, or in
  * the root one SO_REUSEPORT socket per worker), what a forked worker keeps
  * of them, and the round robin that hands accepted connections to the
@@ -12,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "lx/lx_conn.h"
+#include "lx/lx_service.h"
 #include "lx/lx_lane.h"
 #include "lx/lx_listen.h"
 #include "lx/lx_server.h"
@@ -45,9 +47,13 @@ lx_shared_listener_t *lx_shared_acquire(lx_server_t *srv, const char *key,
     *err = -ENOMEM;
     return NULL;
   }
-  int fd = path ? sock_listen_unix(path, backlog)
-           : nw ? sock_listen_tcp_group(host, port, backlog)
-                : sock_listen_tcp(host, port, backlog);
+  /* --check: a socket that is never bound (the real server may hold the
+   * port), and no file made for a Unix path */
+  int fd = srv->check ? sock_unbound(path != NULL)
+           : path     ? sock_listen_unix(path, backlog)
+           : nw       ? sock_listen_tcp_group(host, port, backlog)
+                      : sock_listen_tcp(host, port, backlog);
+  if (srv->check) path = NULL;
   for (int i = 0; i < nw && fd >= 0; i++) {
     int p = sock_local_port(fd);
     wfds[i] = i == 0 ? fd : sock_listen_tcp_shared(host, p, backlog);
@@ -158,6 +164,21 @@ void lx_server_after_fork(lx_server_t *srv) {
   }
 }
 
+void lx_server_stop_listening(lx_server_t *srv) {
+  pthread_mutex_lock(&srv->listen_lock);
+  for (lx_shared_listener_t *sl = srv->listeners; sl; sl = sl->next) {
+    /* shutdown(2) on a listening socket ends the listen (Linux): a SYN now
+     * gets a refusal, and the fd stays valid for whoever polls it */
+    if (sl->nworker_fds) {
+      for (int i = 0; i < sl->nworker_fds; i++)
+        if (sl->worker_fds[i] >= 0) shutdown(sl->worker_fds[i], SHUT_RD);
+    } else {
+      shutdown(sl->fd, SHUT_RD);
+    }
+  }
+  pthread_mutex_unlock(&srv->listen_lock);
+}
+
 void lx_server_close_listeners(lx_server_t *srv) {
   pthread_mutex_lock(&srv->listen_lock);
   lx_shared_listener_t *sl = srv->listeners;
@@ -234,8 +255,12 @@ void lx_listen_dispatch(listener_t *l, int fd, void *arg) {
 static size_t lx__listener_url(const lx_service_t *s, char *out, size_t len) {
   const lx_shared_listener_t *sl = s->shared;
   bool http = s->ext != NULL; /* only mp.http services have settings */
+  bool tls = s->opts.tls != NULL;
+  const char *scheme = http ? (tls ? "https" : "http") : (tls ? "tls" : "tcp");
   if (sl->path)
-    return (size_t)snprintf(out, len, "%s:%s", http ? "http+unix" : "unix",
+    return (size_t)snprintf(out, len, "%s:%s",
+                            http ? (tls ? "https+unix" : "http+unix")
+                                 : (tls ? "tls+unix" : "unix"),
                             sl->path);
   struct sockaddr_storage ss;
   socklen_t sl_len = sizeof(ss);
@@ -246,15 +271,13 @@ static size_t lx__listener_url(const lx_service_t *s, char *out, size_t len) {
       struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
       inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
       port = ntohs(a->sin6_port);
-      return (size_t)snprintf(out, len, "%s://[%s]:%d", http ? "http" : "tcp",
-                              host, port);
+      return (size_t)snprintf(out, len, "%s://[%s]:%d", scheme, host, port);
     }
     struct sockaddr_in *a = (struct sockaddr_in *)&ss;
     inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
     port = ntohs(a->sin_port);
   }
-  return (size_t)snprintf(out, len, "%s://%s:%d", http ? "http" : "tcp", host,
-                          port);
+  return (size_t)snprintf(out, len, "%s://%s:%d", scheme, host, port);
 }
 
 size_t lx_server_listen_urls(lx_server_t *srv, char *urls, size_t size) {

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_listen: listening sockets shared by the lanes of a process (and, in
  * the root, opened for every worker before the fork).
  *

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_log: mp.log(level, ...), a script's lines in the server's log. */
 #include "core/log.h"
 #include "lx/lx_lane.h"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_log: mp.log. */
 #ifndef MP_LX_LOG_H
 #define MP_LX_LOG_H

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_moonport: the `moonport` Lua module: listen, connect, defer,
  * lifecycle events and facts about the process; the other modules add
  * their fields through the table in lx_modules.c (timers and sleep:
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "http/server.h"
 #include "lx/lx_client.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_tls.h"
@@ -19,9 +22,10 @@
 #include "lx/lx_lane.h"
 #include "lx/lx_listen.h"
 #include "lx/lx_log.h"
-#include "lx/lx_modules.h"
+#include "lx/lx_module.h"
 #include "lx/lx_moonport.h"
 #include "lx/lx_server.h"
+#include "lx/lx_tcp.h"
 #include "redis/redis.h"
 
 #define LX_LISTENER_MT "moonport.listener"
@@ -51,7 +55,7 @@ static lx_listener_ud_t *lx__push_listener(lua_State *L, lx_service_t *svc,
 }
 
 static int lx_listen(lua_State *L) {
-  return lx_listen_with(L, lx__ln(L), lx_service_new_server);
+  return lx_listen_with(L, lx__ln(L), lx_tcp_service_new);
 }
 
 int lx_listen_with(lua_State *L, lx_lane_t *ln,
@@ -108,13 +112,13 @@ int lx_listen_with(lua_State *L, lx_lane_t *ln,
   svc->shared = sl;
   if (tls && tls->n) {
     char msg[400];
-    svc->opts.tls = lx_tls_server(ln, sl, tls, svc->ext != NULL, msg,
-                                  sizeof(msg));
+    /* an HTTP listener (svc->ext) offers src/http's protocols */
+    svc->opts.tls = lx_tls_server(ln, sl, tls, svc->alpn, msg, sizeof(msg));
     if (!svc->opts.tls) {
       lx_service_free(svc);
       return luaL_error(L, "cannot listen on %s: %s", desc, msg);
     }
-    if (svc->ext) svc->opts.tls_plain_reply = lx_tls_http_plain_reply;
+    if (svc->ext) svc->opts.tls_plain_reply = http_tls_plain_reply;
   }
   if (ln->is_root) {
     /* The root opens the sockets before it forks; workers serve them. */
@@ -184,6 +188,7 @@ typedef struct {
   lx_service_t *svc;
   int err;
   int udref;
+  int msgref; /* a message for on_fail instead of err's, or LUA_NOREF */
 } lx_fail_later_t;
 
 static void lx__fail_later(void *a, void *b) {
@@ -195,10 +200,14 @@ static void lx__fail_later(void *a, void *b) {
     lua_State *L = ln->L;
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->on_fail);
     lua_rawgeti(L, LUA_REGISTRYINDEX, f->udref);
-    lua_pushstring(L, lx_errmsg(f->err, buf, sizeof(buf)));
+    if (f->msgref != LUA_NOREF)
+      lua_rawgeti(L, LUA_REGISTRYINDEX, f->msgref);
+    else
+      lua_pushstring(L, lx_errmsg(f->err, buf, sizeof(buf)));
     lx_call(ln, L, 2, LX_PLAIN, NULL, NULL, "on_fail");
   }
   luaL_unref(ln->L, LUA_REGISTRYINDEX, f->udref);
+  luaL_unref(ln->L, LUA_REGISTRYINDEX, f->msgref);
   s->conns = 0;
   lx_service_maybe_free(s);
   free(f);
@@ -225,6 +234,12 @@ static int lx_connect(lua_State *L) {
   lua_getfield(L, 1, "_fail");
   int fail = (int)lua_tointeger(L, -1);
   lua_pop(L, 1);
+  /* _fail_msg: the address check of mp.lua refused every address; that
+   * message reaches on_fail. */
+  lua_getfield(L, 1, "_fail_msg");
+  bool has_msg = lua_type(L, -1) == LUA_TSTRING;
+  int msg_at = lua_gettop(L);
+  if (has_msg && fail >= 0) fail = -EACCES;
   /* tls = true | {verify=, ca=, sni=, cert=, key=}: read (and raising on
    * a bad one) before anything is held. The name verified is tls.sni, or
    * the host name mp.lua looked up (_name), or the host. */
@@ -266,7 +281,13 @@ static int lx_connect(lua_State *L) {
   }
   lx_conn_push_closed(L, ln);
   lua_pushvalue(L, -1);
-  *f = (lx_fail_later_t){svc, err, luaL_ref(L, LUA_REGISTRYINDEX)};
+  int udref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int msgref = LUA_NOREF;
+  if (has_msg) {
+    lua_pushvalue(L, msg_at);
+    msgref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  *f = (lx_fail_later_t){svc, err, udref, msgref};
   reactor_defer(ln->r, lx__fail_later, f, NULL);
   return 1;
 }
@@ -442,6 +463,8 @@ int luaopen_moonport(lua_State *L) {
     if (m->open) m->open(L, ln);
   lua_pushliteral(L, MOONPORT_VERSION);
   lua_setfield(L, -2, "version");
+  lx_push_script_dir(L);
+  lua_setfield(L, -2, "script_dir");
   lua_createtable(L, ln->srv->argc, 0);
   for (int i = 0; i < ln->srv->argc; i++) {
     lua_pushstring(L, ln->srv->argv[i]);

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_moonport: the `moonport` module itself (luaopen_moonport), mp.listen,
  * mp.connect and the small functions of mp. Lane thread. */
 #ifndef MP_LX_MOONPORT_H

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_pubsub: mp.subscribe, conn:subscribe, mp.publish and the delivery of
  * messages into a lane's Lua callbacks. */
 #include <errno.h>
@@ -7,12 +9,33 @@
 #include <unistd.h>
 
 #include "cluster/glob.h"
+#include "cluster/link.h"
 #include "cluster/pubsub.h"
 #include "core/log.h"
+#include "http/ws_sse.h"
+#include "lx/lx_embed.h"
+#include "lx/lx_engine.h"
 #include "lx/lx_lane.h"
 #include "lx/lx_pubsub.h"
 #include "lx/lx_server.h"
-#include "server/link.h"
+
+/* The row's slot (lx_module.h): set by the runner before the first lane,
+ * read-only after. */
+int lx_pubsub_slot = -1;
+
+static lx_pubsub_lane_t *lx__pl(const lx_lane_t *ln) {
+  return lx_lane_state(ln, lx_pubsub_slot);
+}
+
+void lx_pubsub_init(lua_State *L, lx_lane_t *ln) {
+  lx_pubsub_lane_t *pl = lx__pl(ln);
+  lua_newtable(L);
+  pl->subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  pl->psubs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  pl->conn_subs_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
 
 #define LX_SUB_MT "moonport.subscription"
 
@@ -23,6 +46,7 @@ typedef struct {
   int fn_ref;
   bool pattern, active;
   sock_uuid_t uuid; /* the connection it belongs to, or 0 */
+  int32_t sid;      /* ... and its HTTP/2 stream, or 0 */
   lx_forward_fn fwd; /* set: messages go to the connection from C */
   size_t len;
   char ch[];
@@ -37,28 +61,29 @@ static lx_lane_t *lx__ln(lua_State *L) {
 static int lx__count(lx_lane_t *ln, const char *ch, size_t len, bool pattern,
                      bool add) {
   lx_server_t *srv = ln->srv;
-  bool ipc = srv->ipc_fd >= 0;
+  bool ipc = srv->proc.ipc_fd >= 0;
   /* With one process and several lanes, the lock also keeps the notices
    * to Redis in the order of the counts. */
   bool lock = ipc || (srv->engine_r && !srv->root);
-  if (lock) pthread_mutex_lock(&srv->ipc_lock);
+  if (lock) pthread_mutex_lock(&srv->proc.ipc_lock);
   int rc = add ? pubsub_subscribe(srv->ps, ln->index, ch, len, pattern)
                : pubsub_unsubscribe(srv->ps, ln->index, ch, len, pattern);
   if (!ipc && rc == 1) lx_engine_count(srv, ch, len, pattern, add);
   if (ipc && rc == 1) {
     int type = add ? (pattern ? IPC_PSUB : IPC_SUB)
                    : (pattern ? IPC_PUNSUB : IPC_UNSUB);
-    if (link_send(&srv->link, type, 0, ch, len, NULL, 0))
+    if (link_send(&srv->proc.link, type, 0, ch, len, NULL, 0))
       log_error("pub/sub: cannot reach the root process: %s", strerror(errno));
   }
-  if (lock) pthread_mutex_unlock(&srv->ipc_lock);
+  if (lock) pthread_mutex_unlock(&srv->proc.ipc_lock);
   return rc;
 }
 
 /* Pushes the lane's table of subscriber lists for exact channels or for
  * patterns: { [channel] = { sub, sub, ... } }. */
 static void lx__lists(lua_State *L, lx_lane_t *ln, bool pattern) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, pattern ? ln->psubs_ref : ln->subs_ref);
+  lx_pubsub_lane_t *pl = lx__pl(ln);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, pattern ? pl->psubs_ref : pl->subs_ref);
 }
 
 static void lx__remove(lua_State *L, lx_sub_t *s, int sub_idx) {
@@ -127,6 +152,11 @@ static int lx_sub_channel(lua_State *L) {
  * through fwd. */
 int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
                  lx_forward_fn fwd) {
+  return lx_subscribe_stream(L, ln, base, uuid, 0, fwd);
+}
+
+int lx_subscribe_stream(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
+                        int32_t sid, lx_forward_fn fwd) {
   size_t len;
   const char *ch = luaL_checklstring(L, base, &len);
   if (fwd && lua_istable(L, base + 1)) { /* (channel, opts) */
@@ -169,6 +199,7 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
   s->active = false;
   s->fn_ref = LUA_NOREF;
   s->uuid = uuid;
+  s->sid = sid;
   s->fwd = fwd;
   s->len = len;
   memcpy(s->ch, ch, len);
@@ -189,7 +220,7 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
   lua_rawseti(L, -2, (int)lua_objlen(L, -2) + 1);
   lua_pop(L, 2);
   if (uuid) { /* conn_subs[uuid][#+1] = sub, cancelled at close */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ln->conn_subs_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lx__pl(ln)->conn_subs_ref);
     lua_pushnumber(L, (lua_Number)uuid);
     lua_rawget(L, -2);
     if (!lua_istable(L, -1)) {
@@ -220,7 +251,7 @@ int lx_subscribe(lua_State *L, lx_lane_t *ln, int base, sock_uuid_t uuid,
 
 void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid) {
   lua_State *L = ln->L;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, ln->conn_subs_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lx__pl(ln)->conn_subs_ref);
   lua_pushnumber(L, (lua_Number)uuid);
   lua_rawget(L, -2);
   if (lua_istable(L, -1)) {
@@ -233,6 +264,42 @@ void lx_pubsub_conn_closed(lx_lane_t *ln, sock_uuid_t uuid) {
     lua_pushnumber(L, (lua_Number)uuid);
     lua_pushnil(L);
     lua_rawset(L, -4);
+  }
+  lua_pop(L, 2);
+}
+
+void lx_pubsub_stream_closed(lx_lane_t *ln, sock_uuid_t uuid, int32_t sid) {
+  if (!sid) { /* the connection's own stream: all of them */
+    lx_pubsub_conn_closed(ln, uuid);
+    return;
+  }
+  lua_State *L = ln->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lx__pl(ln)->conn_subs_ref);
+  lua_pushnumber(L, (lua_Number)uuid);
+  lua_rawget(L, -2);
+  if (lua_istable(L, -1)) { /* the stream's go, the others close up */
+    int list = lua_gettop(L);
+    int n = (int)lua_objlen(L, list), w = 0;
+    for (int i = 1; i <= n; i++) {
+      lua_rawgeti(L, list, i);
+      lx_sub_t *s = lua_touserdata(L, -1);
+      if (s && s->sid == sid) {
+        lx__cancel(L, -1);
+        lua_pop(L, 1);
+      } else {
+        lua_rawseti(L, list, ++w);
+      }
+    }
+    for (int i = w + 1; i <= n; i++) {
+      lua_pushnil(L);
+      lua_rawseti(L, list, i);
+    }
+    if (w == 0) { /* the last stream's: the connection's entry goes (an
+                   * HTTP connection has no close of its own here) */
+      lua_pushnumber(L, (lua_Number)uuid);
+      lua_pushnil(L);
+      lua_rawset(L, -4);
+    }
   }
   lua_pop(L, 2);
 }
@@ -309,7 +376,7 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx,
     if (s->uuid && !c) continue; /* closing: cancelled at its on_close */
     stats_add(ln->stats, STAT_PUBSUB_DELIVERED, 1);
     if (s->fwd) { /* straight to the client: no Lua, no waiting its turn */
-      s->fwd(ln, c, fc);
+      s->fwd(ln, c, s->sid, fc);
       continue;
     }
     if (c && reactor_conn_busy(c)) {
@@ -324,10 +391,20 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx,
   lua_pop(L, 1);
 }
 
+/* The frames are http/ws_sse.h's, shared by every subscriber's queue. */
+void lx_fwd_ctx_done(lx_fwd_ctx_t *fc) {
+  for (int i = 0; i < 2; i++) {
+    http_frame_unref(fc->frame[i]);
+    fc->frame[i] = NULL;
+  }
+  http_frame_unref(fc->zframe);
+  fc->zframe = NULL;
+}
+
 static void lx__dispatch(lx_lane_t *ln, pubsub_msg_t *m, lx_fwd_ctx_t *fc);
 
 void lx_pubsub_dispatch(lx_lane_t *ln, pubsub_msg_t *m) {
-  lx_fwd_ctx_t fc = {m, -1, {NULL, NULL}};
+  lx_fwd_ctx_t fc = {m, -1, {NULL, NULL}, NULL, 0, 0};
   lx__dispatch(ln, m, &fc);
   lx_fwd_ctx_done(&fc);
 }
@@ -459,9 +536,7 @@ static int lx_publish(lua_State *L) {
   const char *ch = luaL_checklstring(L, 1, &clen);
   uint32_t flags = 0;
   if (lua_istable(L, 2)) {
-    lua_getglobal(L, "require");
-    lua_pushliteral(L, "cjson");
-    lua_call(L, 1, 1);
+    lx_require(L, "moonport.json"); /* mp.json.encode: "/" stays "/" */
     lua_getfield(L, -1, "encode");
     lua_pushvalue(L, 2);
     lua_call(L, 1, 1); /* raises on a table cjson can't encode */
@@ -486,7 +561,7 @@ static int lx_publish(lua_State *L) {
     return luaL_error(L, "mp.publish: message of %d bytes (the limit is %d)",
                       (int)mlen, LX_MAX_MESSAGE);
   lx_server_t *srv = ln->srv;
-  if (srv->remote && scope == SCOPE_CLUSTER && srv->ipc_fd < 0) {
+  if (srv->remote && scope == SCOPE_CLUSTER && srv->proc.ipc_fd < 0) {
     /* Through Redis to every server, this one included. */
     if (lx_engine_publish(srv, ch, clen, msg, mlen, flags & PUBSUB_JSON)) {
       lua_pushnil(L);
@@ -497,17 +572,16 @@ static int lx_publish(lua_State *L) {
     }
     return 0;
   }
-  if (srv->ipc_fd >= 0) {
+  if (srv->proc.ipc_fd >= 0) {
     /* A worker: its own subscribers directly (in order, no round trip),
      * the others through the root (through Redis for the cluster: then
      * its own come back that way too). */
     if (scope != SCOPE_PROCESS) {
-      pthread_mutex_lock(&srv->ipc_lock);
-      int rc = link_send(&srv->link, IPC_PUBLISH,
-                                   (unsigned)scope |
-                                       (flags & PUBSUB_JSON ? IPC_JSON : 0),
-                                   ch, clen, msg, mlen);
-      pthread_mutex_unlock(&srv->ipc_lock);
+      pthread_mutex_lock(&srv->proc.ipc_lock);
+      int rc = link_send(&srv->proc.link, IPC_PUBLISH,
+                         (unsigned)scope | (flags & PUBSUB_JSON ? IPC_JSON : 0),
+                         ch, clen, msg, mlen);
+      pthread_mutex_unlock(&srv->proc.ipc_lock);
       if (rc == -ENOBUFS) {
         lua_pushnil(L);
         lua_pushfstring(L, "the root process is behind: %d MiB of messages "

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_redis: mp.redis(url), an asynchronous Redis client for scripts: one
  * connection per client object, on the lane's reactor, with commands
  * pipelined on it. r:cmd(...) waits for the reply inside a callback, or
@@ -24,12 +26,26 @@
 #define LX_REDIS_MS_MAX 86400000 /* a day: anything longer is a mistake */
 
 typedef struct lx_redis {
-  redis_link_t *link; /* NULL once closed */
+  redis_link_t *link; /* NULL until first used, and once closed */
+  /* Until the first command the client has not connected: a top-level
+   * mp.redis runs in the root too (which serves nothing) and in every
+   * lane, and only the lanes that use it should hold a connection. The
+   * URL waits here (malloc'd) until then; NULL once connected or closed. */
+  redis_url_t *url;
+  int connect_ms;
   lx_lane_t *ln;
   struct lx_redis *prev, *next; /* the lane's open clients */
   int timeout_ms;               /* each command's, unless it says; 0: none */
   char desc[300];
 } lx_redis_t;
+
+/* The row's slot (lx_module.h): set by the runner before the first lane,
+ * read-only after. */
+int lx_redis_slot = -1;
+
+static lx_redis_lane_t *lx__rl(const lx_lane_t *ln) {
+  return lx_lane_state(ln, lx_redis_slot);
+}
 
 /* One command in flight. Two owners hold it: hiredis's reply slot (until
  * lx__reply runs, with the reply or with NULL when the context goes) and
@@ -218,13 +234,27 @@ static void lx__reply(redisAsyncContext *ac, void *r, void *priv) {
 #define LX__FULL INT_MIN
 #define LX__FULL_MSG "output buffer full (Redis is slow to read)"
 
+/* The client's link, made (connecting) on first use; NULL once closed or
+ * when it can't be made (out of memory). */
+static redis_link_t *lx__link(lx_redis_t *rc) {
+  if (rc->link || !rc->url) return rc->link;
+  rc->link =
+      redis_link_new(rc->ln->r, rc->url, "redis (mp.redis)", rc->connect_ms,
+                     (redis_link_hooks_t){NULL, NULL}, NULL);
+  if (rc->link) {
+    free(rc->url);
+    rc->url = NULL;
+  }
+  return rc->link;
+}
+
 /* Sends the command in L's arguments [first, last]; q gets the reply, or
  * nil and "timeout" after ms (0: never). On failure nothing is armed. */
 static int lx__send(lua_State *L, lx_redis_t *rc, int first, int last,
                     lx_req_t *q, int ms) {
   int argc = last - first + 1;
   if (argc < 1) return -1;
-  redisAsyncContext *ac = rc->link ? redis_link_ctx_any(rc->link) : NULL;
+  redisAsyncContext *ac = lx__link(rc) ? redis_link_ctx_any(rc->link) : NULL;
   if (!ac) return -2;
   const char *stack_argv[16];
   size_t stack_lens[16];
@@ -331,7 +361,7 @@ static int lx_redis_send(lua_State *L) {
     lua_pushnil(L);
     if (err == LX__FULL)
       lua_pushliteral(L, LX__FULL_MSG);
-    else if (rc->link)
+    else if (rc->link || rc->url)
       lua_pushliteral(L, "not connected");
     else
       lua_pushliteral(L, "connection closed");
@@ -363,9 +393,10 @@ static int lx_redis_check(lua_State *L) {
                            "only)", i - first + 1, luaL_typename(L, i));
   }
   lx_check_waitable(L, lua_touserdata(L, lua_upvalueindex(1)), "redis cmd");
-  if (!rc->link || !redis_link_ctx_any(rc->link)) {
+  if (!lx__link(rc) || !redis_link_ctx_any(rc->link)) {
     lua_pushboolean(L, 0);
-    lua_pushstring(L, rc->link ? "not connected" : "connection closed");
+    lua_pushstring(L,
+                   rc->link || rc->url ? "not connected" : "connection closed");
     return 2;
   }
   size_t total = 0;
@@ -418,20 +449,23 @@ static int lx_redis_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
 
 static void lx__redis_close(lx_redis_t *rc) {
   redis_link_t *l = rc->link;
-  if (!l) return;
+  if (!l && !rc->url) return;
   rc->link = NULL;
+  free(rc->url);
+  rc->url = NULL;
   if (rc->prev)
     rc->prev->next = rc->next;
   else
-    rc->ln->redis_clients = rc->next;
+    lx__rl(rc->ln)->clients = rc->next;
   if (rc->next) rc->next->prev = rc->prev;
   rc->prev = rc->next = NULL;
-  redis_link_free(l); /* pending replies come back as NULL, from here or,
-                        * inside a reply callback, once it returns */
+  if (l)
+    redis_link_free(l); /* pending replies come back as NULL, from here or,
+                         * inside a reply callback, once it returns */
 }
 
 void lx_redis_close_all(lx_lane_t *ln) {
-  while (ln->redis_clients) lx__redis_close(ln->redis_clients);
+  while (lx__rl(ln)->clients) lx__redis_close(lx__rl(ln)->clients);
 }
 
 static int lx_redis_gc(lua_State *L) {
@@ -443,7 +477,8 @@ static int lx_redis_close(lua_State *L) { return lx_redis_gc(L); }
 
 static int lx_redis_connected(lua_State *L) {
   lx_redis_t *rc = luaL_checkudata(L, 1, LX_REDIS_MT);
-  lua_pushboolean(L, rc->link && redis_link_ctx(rc->link) != NULL);
+  /* a use like a command: the first one starts connecting */
+  lua_pushboolean(L, lx__link(rc) && redis_link_ctx(rc->link) != NULL);
   return 1;
 }
 
@@ -478,15 +513,18 @@ static int lx_redis_new(lua_State *L) {
   memset(rc, 0, sizeof(*rc));
   rc->ln = ln;
   rc->timeout_ms = timeout;
-  snprintf(rc->desc, sizeof(rc->desc), "%s:%d/%d", u.host, u.port, u.db);
+  char where[280];
+  snprintf(rc->desc, sizeof(rc->desc), "%s/%d",
+           redis_url_where(&u, where, sizeof(where)), u.db);
   luaL_getmetatable(L, LX_REDIS_MT);
   lua_setmetatable(L, -2);
-  rc->link = redis_link_new(ln->r, &u, "redis (mp.redis)", connect_ms,
-                            (redis_link_hooks_t){NULL, NULL}, NULL);
-  if (!rc->link) return luaL_error(L, "mp.redis: out of memory");
-  rc->next = ln->redis_clients;
+  rc->connect_ms = connect_ms;
+  rc->url = malloc(sizeof(*rc->url)); /* connects on first use (lx__link) */
+  if (!rc->url) return luaL_error(L, "mp.redis: out of memory");
+  *rc->url = u;
+  rc->next = lx__rl(ln)->clients;
   if (rc->next) rc->next->prev = rc;
-  ln->redis_clients = rc;
+  lx__rl(ln)->clients = rc;
   return 1;
 }
 

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_server: the process-wide server of the Lua binding, as the process
  * layer (src/server) sees it, without lua.h: the struct every lane points
  * at, and the few functions of the binding src/server calls.
@@ -20,7 +22,7 @@
 #include "cluster/pubsub.h"
 #include "core/stats.h"
 #include "net/reactor.h"
-#include "server/link.h"
+#include "cluster/link.h"
 
 #define MOONPORT_VERSION "0.1.0"
 
@@ -51,32 +53,19 @@ typedef struct lx_shared_listener {
   struct lx_shared_listener *next;
 } lx_shared_listener_t;
 
-struct lx_server {
-  const char *script;
-  int argc;   /* script arguments */
-  char **argv;
-  size_t nlanes;  /* lanes of this process (1 in the root) */
-  size_t threads; /* lanes per worker (-t) */
-  lx_lane_t **lanes;
-  /* The Lua modules whose hooks the lanes run (lx/lx_modules.h; the
-   * binding's table is lx_binding_modules()). Set before the first
-   * lane. */
-  const struct lx_module *modules;
-  reactor_group_t group;
+/* The process part of the server: what src/server makes, runs and frees
+ * (the links between processes, the main thread's eventfd, the timeouts
+ * of its supervision). The binding reads only ipc_fd, ipc_lock, link (a
+ * worker's frames to the root, lx_pubsub.c) and wake_fd (a lane is done,
+ * lx_lane.c). */
+typedef struct lx_proc {
   uint64_t grace_ms;
   uint64_t drain_ms; /* a replaced worker's time to finish (--drain-timeout) */
-  pthread_mutex_t listen_lock;
-  lx_shared_listener_t *listeners; /* guarded by listen_lock */
-  int nworkers;     /* worker processes (1: no fork) */
   size_t max_memory; /* bytes a worker may use before it is replaced */
-  int worker_index; /* 1..nworkers in a worker; 0 in the root */
-  bool root;         /* this process is the root of several workers */
-  _Atomic int lanes_done;          /* lanes whose loop has returned */
-  pubsub_t *ps; /* this process's post office: a sink per lane (in the
-                   root: sink 0 its lane, sink i worker i) */
+  uint64_t lua_timeout_ms;   /* a callback running longer is stuck (0: off) */
   int ipc_fd;                /* a worker's socketpair end to the root, or -1 */
   pthread_mutex_t ipc_lock;  /* guards `link`; also orders pub/sub counts */
-  /* A worker's frames to the root (server/link.h; guarded by ipc_lock):
+  /* A worker's frames to the root (cluster/link.h; guarded by ipc_lock):
    * any lane sends, the main thread flushes. Publishes past LINK_OUT_MAX
    * are refused. */
   server_link_t link;
@@ -92,7 +81,34 @@ struct lx_server {
   uint64_t beat_sent; /* a worker's main thread: its last IPC_BEAT */
   bool stuck_told;    /* ... and whether it reported the stuck lane */
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
-  uint64_t lua_timeout_ms; /* a callback running longer is stuck (0: off) */
+} lx_proc_t;
+
+/* The server: its binding part (lanes, listeners, dictionaries, the
+ * engine, counters) and, in `proc`, its process part. */
+struct lx_server {
+  lx_proc_t proc; /* src/server's */
+  const char *script;
+  int argc; /* script arguments */
+  char **argv;
+  size_t nlanes;  /* lanes of this process (1 in the root) */
+  size_t threads; /* lanes per worker (-t) */
+  lx_lane_t **lanes;
+  /* The Lua modules whose hooks the lanes run (lx/lx_module.h; the
+   * binding's table is lx_binding_modules()). Set before the first
+   * lane. */
+  const struct lx_module *modules;
+  reactor_group_t group;
+  pthread_mutex_t listen_lock;
+  lx_shared_listener_t *listeners; /* guarded by listen_lock */
+  int nworkers;                    /* worker processes (1: no fork) */
+  int worker_index;                /* 1..nworkers in a worker; 0 in the root */
+  bool root;                 /* this process is the root of several workers */
+  bool check;                /* moonport --check: listeners are never bound */
+  _Atomic int lanes_done;    /* lanes whose loop has returned */
+  _Atomic int lanes_started; /* worker lanes whose start handlers have
+                                returned (then srv->wake_fd is written) */
+  pubsub_t *ps;       /* this process's post office: a sink per lane (in the
+                         root: sink 0 its lane, sink i worker i) */
   lx_lane_t *retired; /* root: replaced root lanes not freed yet */
   /* Pub/sub through Redis (--redis): the URL; whether cluster-scope
    * messages go through it (every process knows); the engine and the
@@ -115,6 +131,9 @@ struct lx_server {
    * process's sink (0: the root, or the only process), whose slots are
    * [sink * (threads + 1), + threads + 1). */
   struct stats *stats;
+  /* mp.counter / mp.gauge / mp.histogram (core/metric.h), mapped with
+   * the counters; NULL if that failed (the calls raise then). */
+  struct metric_set *metrics;
   int sink;
   uint64_t serial; /* this process's number in the server (stats_next_serial) */
   /* mp.shared dictionaries by name: made in the root (or, with one
@@ -123,7 +142,6 @@ struct lx_server {
   pthread_mutex_t shared_lock;
   struct lx_shared_dict *shared; /* guarded by shared_lock */
 };
-
 
 /* ---- the binding's functions for the process layer ----
  * Main thread (the root's, or a worker's) unless said otherwise. */
@@ -137,8 +155,9 @@ lx_lane_t *lx_lane_new(lx_server_t *srv, int index, bool is_root,
                        reactor_t *on, char *err, size_t errlen);
 /* Frees a lane whose loop has returned (or never ran). Main thread. */
 void lx_lane_free(lx_lane_t *ln);
-/* The lane thread's body: start handlers, the loop, done (then it counts
- * srv->lanes_done and writes srv->wake_fd). */
+/* The lane thread's body: start handlers (then, in a worker lane, it
+ * counts srv->lanes_started and writes srv->wake_fd), the loop, done (then
+ * it counts srv->lanes_done and writes srv->wake_fd). */
 void lx_lane_run(lx_lane_t *ln);
 /* The lane's reactor. Any thread. */
 reactor_t *lx_lane_reactor(const lx_lane_t *ln);
@@ -170,10 +189,24 @@ void lx_pubsub_deliver(int sink, pubsub_msg_t *m, void *srv);
  * the inherited ones. */
 void lx_server_close_listeners(lx_server_t *srv);
 void lx_server_after_fork(lx_server_t *srv);
+/* At a graceful stop: every shared listening socket stops listening
+ * (shutdown(2); the fds stay open until lx_server_close_listeners), so a
+ * new connection is refused at once instead of waiting in a backlog that
+ * nobody accepts from and being reset when the process exits. In the
+ * root its sockets are the workers' too. Any thread. */
+void lx_server_stop_listening(lx_server_t *srv);
 /* Writes the URLs of every socket the server listens on ("http://ADDR:PORT,
  * unix:PATH", ...) into out (NUL-terminated); returns the length, 0 for
  * none. While no lane thread runs (it reads the lanes' services). */
 size_t lx_server_listen_urls(lx_server_t *srv, char *out, size_t len);
+
+/* moonport --check (lx_check.c): loads the script in one throw-away lane
+ * (listeners made but never bound), then reports the globals its
+ * functions read that neither the libraries nor the script define, as
+ * "file:line: ..." lines on stderr. Returns the exit status: 0 clean, 1
+ * for a script that fails to load or has warnings. Main thread, instead
+ * of running the server. */
+int lx_check_script(lx_server_t *srv);
 
 /* The binding's module table, for lx_server.modules (lx_modules.c). */
 const struct lx_module *lx_binding_modules(void);
@@ -181,7 +214,5 @@ const struct lx_module *lx_binding_modules(void);
 /* Unmaps this process's mp.shared dictionaries. At exit, after the lanes
  * are gone. */
 void lx_shared_free_all(lx_server_t *srv);
-
-#include "lx/lx_engine.h" /* the Redis engine, which src/server starts */
 
 #endif

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_stats: mp.stats() and mp.metrics(), the server's counters
  * (core/stats.h) as a Lua table and in the Prometheus text format; and
  * each lane's once-a-second gauges (its Lua heap, how late its timers
@@ -9,9 +11,12 @@
 #include <string.h>
 
 #include "cluster/cluster.h"
+#include "core/metric.h"
 #include "lx/lx_lane.h"
 #include "lx/lx_server.h"
 #include "lx/lx_stats.h"
+#include "lx/lx_upstream.h"
+#include "pg/pg.h"
 #include "redis/redis.h"
 
 static int lx__per(const lx_server_t *srv) { return (int)srv->threads + 1; }
@@ -97,6 +102,11 @@ static uint64_t lx__max_lag(lx_server_t *srv, lx_lane_t *ln, int scope) {
   return max;
 }
 
+/* The labels of the restart counters, in STAT_SRV_RESTARTS_* order. */
+#define LX_RESTART_CAUSES 5
+static const char *const lx__causes[LX_RESTART_CAUSES] = {
+    "crash", "watchdog", "memory", "reload", "restart"};
+
 /* mp.stats([{ scope = "cluster" | "process" | "lane" }]) */
 static int lx_stats(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
@@ -132,15 +142,37 @@ static int lx_stats(lua_State *L) {
   }
   lx__field(L, "total", total);
   lua_setfield(L, -2, "requests");
+  lua_createtable(L, 0, 2);
+  static const char *const protos[] = {"1.1", "2"};
+  for (int i = 0; i < 2; i++) {
+    lua_createtable(L, 0, 2);
+    lx__field(L, "requests", v[STAT_HTTP_H1_REQS + i]);
+    lx__field(L, "body_bytes", v[STAT_HTTP_H1_BODY + i]);
+    lua_setfield(L, -2, protos[i]);
+  }
+  lua_setfield(L, -2, "protocols");
   lx__field(L, "bytes_in", v[STAT_BYTES_IN]);
   lx__field(L, "bytes_out", v[STAT_BYTES_OUT]);
   lx__field(L, "websockets", lx__open(v, STAT_WS_OPENED, STAT_WS_CLOSED));
   lx__field(L, "sse", lx__open(v, STAT_SSE_OPENED, STAT_SSE_CLOSED));
   lx__field(L, "pubsub_delivered", v[STAT_PUBSUB_DELIVERED]);
+  lx__field(L, "http_compress_in", v[STAT_HTTP_COMP_IN]);
+  lx__field(L, "http_compress_out", v[STAT_HTTP_COMP_OUT]);
+  lx__field(L, "http_compress_cached", v[STAT_HTTP_COMP_CACHED]);
+  lx__field(L, "ws_deflate_in", v[STAT_WS_DEFL_IN]);
+  lx__field(L, "ws_deflate_out", v[STAT_WS_DEFL_OUT]);
+  lx__field(L, "ws_deflates", v[STAT_WS_DEFLATES]);
   lx__field(L, "lua_bytes", v[STAT_LUA_KB] * 1024);
   lua_pushnumber(L, (lua_Number)lx__max_lag(srv, ln, scope) / 1e6);
   lua_setfield(L, -2, "loop_lag");
-  lx__field(L, "worker_restarts", g[STAT_SRV_WORKER_RESTARTS]);
+  uint64_t restarts = 0;
+  lua_createtable(L, 0, 5);
+  for (int i = 0; i < LX_RESTART_CAUSES; i++) {
+    lx__field(L, lx__causes[i], g[STAT_SRV_RESTARTS_CRASH + i]);
+    restarts += g[STAT_SRV_RESTARTS_CRASH + i];
+  }
+  lua_setfield(L, -2, "worker_restarts_by");
+  lx__field(L, "worker_restarts", restarts);
   lx__field(L, "reloads", g[STAT_SRV_RELOADS]);
   if (srv->redis_url)
     lua_pushstring(L, g[STAT_SRV_REDIS_UP] ? "up" : "down");
@@ -189,6 +221,45 @@ static void lx__printf(lx_text_t *t, const char *fmt, ...) {
   }
 }
 
+/* metric_text's writer. */
+static void lx__append(void *ctx, const char *s, size_t n) {
+  lx__printf(ctx, "%.*s", (int)n, s);
+}
+
+/* moonport_http_request_duration_seconds{class=}: the histogram the HTTP
+ * server keeps in the counters (core/stats.h), cumulative here. */
+static void lx__latency(lx_text_t *t, const uint64_t *v) {
+  static const char *const classes[] = {"1xx", "2xx", "3xx", "4xx", "5xx"};
+  lx__printf(t, "# HELP moonport_http_request_duration_seconds Time from a "
+                "request's first byte to its response's end, by status "
+                "class (millisecond resolution).\n"
+                "# TYPE moonport_http_request_duration_seconds histogram\n");
+  for (int c = 0; c < 5; c++) {
+    const uint64_t *h = v + STAT_LAT + c * STAT_LAT_PER;
+    uint64_t cum = 0;
+    for (int b = 0; b <= STAT_LAT_BOUNDS; b++) {
+      cum += h[b];
+      if (b < STAT_LAT_BOUNDS)
+        lx__printf(t,
+                   "moonport_http_request_duration_seconds_bucket{class=\"%s\","
+                   "le=\"%g\"} %llu\n",
+                   classes[c], stats_latency_bounds_ms[b] / 1000.0,
+                   (unsigned long long)cum);
+      else
+        lx__printf(t,
+                   "moonport_http_request_duration_seconds_bucket{class=\"%s\","
+                   "le=\"+Inf\"} %llu\n",
+                   classes[c], (unsigned long long)cum);
+    }
+    lx__printf(
+        t,
+        "moonport_http_request_duration_seconds_sum{class=\"%s\"} %.3f\n"
+        "moonport_http_request_duration_seconds_count{class=\"%s\"} %llu\n",
+        classes[c], (double)h[STAT_LAT_BOUNDS + 1] / 1000.0, classes[c],
+        (unsigned long long)cum);
+  }
+}
+
 static void lx__metric(lx_text_t *t, const char *name, const char *type,
                        const char *help, uint64_t v) {
   lx__printf(t, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name,
@@ -211,6 +282,22 @@ char *lx_stats_prometheus(lx_server_t *srv, size_t *len) {
   for (int i = 0; i < 5; i++)
     lx__printf(&t, "moonport_http_requests_total{class=\"%s\"} %llu\n", classes[i],
                (unsigned long long)v[STAT_HTTP_1XX + i]);
+  lx__printf(
+      &t,
+      "# HELP moonport_http_protocol_requests_total HTTP responses, by "
+      "protocol.\n"
+      "# TYPE moonport_http_protocol_requests_total counter\n"
+      "moonport_http_protocol_requests_total{protocol=\"1.1\"} %llu\n"
+      "moonport_http_protocol_requests_total{protocol=\"2\"} %llu\n"
+      "# HELP moonport_http_response_body_bytes_total HTTP response body "
+      "bytes sent (after compression), by protocol.\n"
+      "# TYPE moonport_http_response_body_bytes_total counter\n"
+      "moonport_http_response_body_bytes_total{protocol=\"1.1\"} %llu\n"
+      "moonport_http_response_body_bytes_total{protocol=\"2\"} %llu\n",
+      (unsigned long long)v[STAT_HTTP_H1_REQS],
+      (unsigned long long)v[STAT_HTTP_H2_REQS],
+      (unsigned long long)v[STAT_HTTP_H1_BODY],
+      (unsigned long long)v[STAT_HTTP_H2_BODY]);
   lx__metric(&t, "moonport_received_bytes_total", "counter",
              "Bytes read from connections.", v[STAT_BYTES_IN]);
   lx__metric(&t, "moonport_sent_bytes_total", "counter",
@@ -221,9 +308,63 @@ char *lx_stats_prometheus(lx_server_t *srv, size_t *len) {
              lx__open(v, STAT_SSE_OPENED, STAT_SSE_CLOSED));
   lx__metric(&t, "moonport_pubsub_delivered_total", "counter",
              "Pub/sub messages handed to a subscriber.", v[STAT_PUBSUB_DELIVERED]);
-  lx__metric(&t, "moonport_worker_restarts_total", "counter",
-             "Worker processes started after the first ones.",
-             g[STAT_SRV_WORKER_RESTARTS]);
+  lx__metric(&t, "moonport_http_compress_in_bytes_total", "counter",
+             "Response body bytes given to gzip or brotli.",
+             v[STAT_HTTP_COMP_IN]);
+  lx__metric(&t, "moonport_http_compress_out_bytes_total", "counter",
+             "Response body bytes gzip or brotli made of them.",
+             v[STAT_HTTP_COMP_OUT]);
+  lx__metric(&t, "moonport_http_compress_cached_total", "counter",
+             "Static files sent compressed from the cache.",
+             v[STAT_HTTP_COMP_CACHED]);
+  lx__metric(&t, "moonport_ws_deflate_in_bytes_total", "counter",
+             "WebSocket message bytes given to permessage-deflate.",
+             v[STAT_WS_DEFL_IN]);
+  lx__metric(&t, "moonport_ws_deflate_out_bytes_total", "counter",
+             "WebSocket message bytes permessage-deflate made of them.",
+             v[STAT_WS_DEFL_OUT]);
+  lx__metric(&t, "moonport_ws_deflates_total", "counter",
+             "WebSocket messages deflated (a fan-out frame shared by its "
+             "subscribers counts once).",
+             v[STAT_WS_DEFLATES]);
+  lx__metric(&t, "moonport_pg_connections", "gauge",
+             "mp.pg connections open or opening.",
+             lx__open(v, STAT_PG_CONN_OPENED, STAT_PG_CONN_CLOSED));
+  lx__metric(&t, "moonport_pg_connections_busy", "gauge",
+             "mp.pg connections with a query in flight or a transaction.",
+             lx__open(v, STAT_PG_BUSY_IN, STAT_PG_BUSY_OUT));
+  lx__metric(&t, "moonport_pg_waiting", "gauge",
+             "mp.pg queries and transactions waiting for a connection.",
+             lx__open(v, STAT_PG_WAIT_IN, STAT_PG_WAIT_OUT));
+  lx__metric(&t, "moonport_pg_queries_total", "counter",
+             "mp.pg queries answered.", v[STAT_PG_QUERIES]);
+  lx__metric(&t, "moonport_pg_errors_total", "counter",
+             "mp.pg queries answered with an error.", v[STAT_PG_ERRORS]);
+  lx__printf(&t,
+             "# HELP moonport_pg_sqlstate_errors_total mp.pg errors from the "
+             "server by SQLSTATE class (the code's first two characters).\n"
+             "# TYPE moonport_pg_sqlstate_errors_total counter\n");
+  for (int i = 0; i < STAT_PG_ERRCLASSES; i++)
+    if (v[STAT_PG_ERRCLASS + i])
+      lx__printf(&t, "moonport_pg_sqlstate_errors_total{class=\"%s\"} %llu\n",
+                 pg_errclass_name(i),
+                 (unsigned long long)v[STAT_PG_ERRCLASS + i]);
+  lx__metric(&t, "moonport_pg_timeouts_total", "counter",
+             "mp.pg query and pool timeouts.", v[STAT_PG_TIMEOUTS]);
+  lx__printf(&t,
+             "# HELP moonport_pg_query_seconds_total Time mp.pg queries took, "
+             "summed.\n"
+             "# TYPE moonport_pg_query_seconds_total counter\n"
+             "moonport_pg_query_seconds_total %.6f\n",
+             (double)v[STAT_PG_QUERY_US] / 1e6);
+  lx__printf(&t, "# HELP moonport_worker_restarts_total Worker processes "
+                 "started after the first ones, by cause (crash, watchdog, "
+                 "memory, reload, restart).\n"
+                 "# TYPE moonport_worker_restarts_total counter\n");
+  for (int i = 0; i < LX_RESTART_CAUSES; i++)
+    lx__printf(&t, "moonport_worker_restarts_total{cause=\"%s\"} %llu\n",
+               lx__causes[i],
+               (unsigned long long)g[STAT_SRV_RESTARTS_CRASH + i]);
   lx__metric(&t, "moonport_reloads_total", "counter", "Reloads of the script that took.",
              g[STAT_SRV_RELOADS]);
   if (srv->redis_url)
@@ -259,6 +400,18 @@ char *lx_stats_prometheus(lx_server_t *srv, size_t *len) {
     lx__printf(&t, "moonport_event_loop_lag_seconds{worker=\"%d\",sink=\"%d\",lane=\"%d\"} %.6f\n",
                worker, sink, lane, (double)lag / 1e6);
   }
+  lx__latency(&t, v);
+  if (srv->metrics) {
+    lx__metric(&t, "moonport_metric_updates_dropped_total", "counter",
+               "Updates of a script's metrics that found no room for their "
+               "series (too many label values).",
+               metric_dropped(srv->metrics));
+    metric_text(srv->metrics, lx__append, &t);
+  }
+  size_t un = 0;
+  char *ut = lx_upstream_prometheus(srv, &un); /* mp.upstream's servers */
+  if (ut) lx__printf(&t, "%.*s", (int)un, ut);
+  free(ut);
   if (t.oom) {
     free(t.b);
     return NULL;

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_stats: mp.stats() and mp.metrics(), and each lane's gauges. */
 #ifndef MP_LX_STATS_H
 #define MP_LX_STATS_H

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_task: tasks (pooled coroutines of kind LX_TASK that t:kill can end in
  * any wait) and parks (a coroutine waiting for another one of its lane),
  * the C half of lua/moonport/task.lua. */

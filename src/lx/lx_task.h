@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_task: the C primitives under mp.spawn, mp.join, mp.wait_any, t:kill
  * and mp.semaphore (lua/moonport/task.lua holds the rest): tasks that run
  * in pooled coroutines of kind LX_TASK, and parks, the one way a task or
@@ -22,7 +24,7 @@ void lx_task_open(lua_State *L, lx_lane_t *ln);
 void lx_task_retire(lx_lane_t *ln);
 /* Before the lane's reactor goes: park timers leave its heap. */
 void lx_task_close(lx_lane_t *ln);
-/* The module table's run hooks for LX_TASK (lx_modules.h). */
+/* The module table's run hooks for LX_TASK (lx_module.h). */
 void lx_task_run_failed(const lx_run_t *run);
 void lx_task_run_waiting(const lx_run_t *run, lx_cancel_fn cancel, void *arg);
 bool lx_task_run_resuming(const lx_run_t *run);

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_tcp: the C half of mp.tcp (lua/moonport/tcp.lua), a TCP or Unix
  * client socket whose calls wait only their coroutine (the cosocket
  * shape): connect (host names through the lane's resolver, the connect
@@ -10,7 +12,7 @@
  * one wait: the op a coroutine is suspended in (connect, read, send),
  * with its timer. While a wait is armed the userdata is anchored in the
  * registry, so its timer or a posted task never outlives it. Every
- * connection event calls lx__try, which resumes the waiter once its op
+ * connection event calls lx_tcp__try, which resumes the waiter once its op
  * can finish. A resume never happens inside the call that armed the wait
  * (failures known at once are posted as a task).
  *
@@ -20,6 +22,9 @@
  * starts "tls <settings> <name> ": see lx_tcp_new); mp.tcp takes the
  * newest open entry of its key. An idle entry closes when the idle time passes
  * (the reactor's idle timeout), when the peer closes or sends anything.
+ *
+ * The connections of mp.listen { on_connect = } are sockets too; their
+ * protocol is lx_tcp_server.c (lx_tcp_int.h is what the two share).
  *
  * Lane thread only. */
 #include <arpa/inet.h>
@@ -33,70 +38,9 @@
 #include "lx/lx_client.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_tcp.h"
+#include "lx/lx_tcp_int.h"
 #include "lx/lx_tls.h"
-
-#define LX_TCP_MT "moonport.tcp"
-
-/* What a reactor connection's udata points at: a socket or a pool entry. */
-enum { K_SOCK = 1, K_IDLE };
-enum { S_NEW = 0, S_CONNECTING, S_OPEN, S_CLOSED };
-enum { OP_NONE = 0, OP_CONNECT, OP_READ, OP_SEND };
-enum { R_N = 0, R_LINE, R_ALL, R_UNTIL };
-
-#define LX_TCP_MAX_BUFFER ((size_t)1 << 20)   /* default max_buffer */
-#define LX_TCP_MAX_LINE ((size_t)64 << 10)    /* default max_line */
-#define LX_TCP_KEEP_BUF ((size_t)64 << 10) /* an empty buffer kept */
-#define LX_TCP_POOL_SIZE 30      /* default per key */
-#define LX_TCP_POOL_MAX 1024     /* per lane, all keys */
-#define LX_TCP_IDLE_MS 60000     /* default idle time in the pool */
-#define LX_TCP_TIMEOUT_MS 60000  /* default connect, send and read bounds */
-
-struct lx_tcp {
-  int kind; /* K_SOCK */
-  lx_client_t *cl; /* NULL once the lane's client state is gone */
-  conn_t *c;       /* NULL when not connected */
-  int state;
-  char errbuf[256]; /* S_CLOSED: why ("closed", "connection refused", ..) */
-  char *key;       /* pool key */
-  char *host;      /* NULL for a Unix socket */
-  char *path;
-  int port;
-  net_tls_ctx_t *tls; /* TLS: the context until the connect takes its own */
-  char *tls_host;  /* TLS: the name sent as SNI and verified */
-  dns_req_t *dq;   /* the lookup in flight */
-  char *buf;       /* unread bytes: buf[off, len) */
-  size_t off, len, cap;
-  size_t scan;     /* unread bytes already searched (line, pattern) */
-  size_t max_buffer, max_line;
-  uint32_t t_connect, t_send, t_read;
-  int reused;
-  bool paused;     /* reading stopped: the buffer is past max_buffer */
-  bool server;     /* accepted by an on_connect listener (never pooled) */
-  bool shutdown;   /* the server is stopping: a read that waits ends */
-  sock_uuid_t uuid; /* server: the connection's, for s:uid() */
-  /* the wait */
-  int op;
-  int rmode;
-  size_t rn;       /* R_N: bytes */
-  char *pat;       /* R_UNTIL: pattern */
-  size_t plen;
-  bool incl;
-  size_t sent;     /* OP_SEND: bytes the call sent */
-  lx_run_t run;
-  int anchor;      /* registry ref to the userdata while a wait is armed */
-  bool queued;     /* a resume task is posted */
-  mp_timer_t timer;
-  struct lx_tcp *prev, *next; /* cl->socks */
-};
-
-struct lx_tcp_idle {
-  int kind; /* K_IDLE */
-  lx_client_t *cl;
-  conn_t *c;
-  char *key;
-  int reused;
-  struct lx_tcp_idle *prev, *next;
-};
 
 static const proto_t lx_tcp_proto;
 
@@ -196,7 +140,7 @@ static void lx__finish(lx_tcp_t *s, int n) {
 }
 
 /* Resumes the waiter if its op can finish now. */
-static void lx__try(lx_tcp_t *s) {
+void lx_tcp__try(lx_tcp_t *s) {
   if (!s->cl || s->op == OP_NONE || s->queued || s->cl->ln->closing) return;
   int n = lx__result(s, s->run.co);
   if (n >= 0) lx__finish(s, n);
@@ -213,7 +157,7 @@ static void lx__task(void *a, void *b) {
       luaL_unref(s->cl->ln->L, LUA_REGISTRYINDEX, anchor);
     return;
   }
-  lx__try(s);
+  lx_tcp__try(s);
 }
 
 /* A killed task's connect, read or send (lx_wait_cancel_on): the wait
@@ -409,10 +353,10 @@ static void lx__on_open(conn_t *c) {
   lx_tcp_t *s = reactor_conn_udata(c);
   if (!s || s->kind != K_SOCK) return;
   s->state = S_OPEN;
-  lx__try(s);
+  lx_tcp__try(s);
 }
 
-static void lx__on_data(conn_t *c, const char *data, size_t len) {
+void lx_tcp__on_data(conn_t *c, const char *data, size_t len) {
   int *kind = reactor_conn_udata(c);
   if (!kind) return;
   if (*kind == K_IDLE) { /* a pooled connection must be silent */
@@ -423,23 +367,23 @@ static void lx__on_data(conn_t *c, const char *data, size_t len) {
   if (lx__append(s, data, len)) {
     lx__drop_conn(s, CONN_ERROR);
     lx__set_closed(s, "out of memory");
-    lx__try(s);
+    lx_tcp__try(s);
     return;
   }
   if (lx__avail(s) > s->max_buffer && !s->paused) {
     s->paused = true;
     reactor_conn_pause(c);
   }
-  lx__try(s);
+  lx_tcp__try(s);
 }
 
-static void lx__on_ready(conn_t *c) {
+void lx_tcp__on_ready(conn_t *c) {
   lx_tcp_t *s = reactor_conn_udata(c);
   if (!s || s->kind != K_SOCK) return;
-  lx__try(s);
+  lx_tcp__try(s);
 }
 
-static void lx__on_timeout(conn_t *c) {
+void lx_tcp__on_timeout(conn_t *c) {
   int *kind = reactor_conn_udata(c);
   if (kind && *kind == K_IDLE) { /* idle too long in the pool */
     lx__idle_free((lx_tcp_idle_t *)kind, true);
@@ -448,7 +392,7 @@ static void lx__on_timeout(conn_t *c) {
   reactor_conn_close(c, CONN_TIMEOUT);
 }
 
-static void lx__gone(conn_t *c, int err, int reason) {
+void lx_tcp__gone(conn_t *c, int err, int reason) {
   int *kind = reactor_conn_udata(c);
   if (!kind) return;
   reactor_conn_set_udata(c, NULL);
@@ -466,114 +410,26 @@ static void lx__gone(conn_t *c, int err, int reason) {
       lx__set_closed(s, tls_err);
     else if (err)
       lx__set_closed_err(s, err);
+    else if (reason == CONN_PEER && reactor_conn_was_reset(c))
+      lx__set_closed(s, "connection reset");
     else
       lx__set_closed(s, reason == CONN_PEER || reason == CONN_LOCAL
                             ? "closed"
                             : reactor_reason_name(reason));
   }
-  lx__try(s);
+  lx_tcp__try(s);
 }
 
-static void lx__on_close(conn_t *c, int reason) { lx__gone(c, 0, reason); }
-static void lx__on_fail(conn_t *c, int err) { lx__gone(c, err, CONN_ERROR); }
+static void lx__on_close(conn_t *c, int reason) { lx_tcp__gone(c, 0, reason); }
+void lx_tcp__on_fail(conn_t *c, int err) { lx_tcp__gone(c, err, CONN_ERROR); }
 
 static const proto_t lx_tcp_proto = {
     .on_open = lx__on_open,
-    .on_data = lx__on_data,
-    .on_ready = lx__on_ready,
-    .on_timeout = lx__on_timeout,
+    .on_data = lx_tcp__on_data,
+    .on_ready = lx_tcp__on_ready,
+    .on_timeout = lx_tcp__on_timeout,
     .on_close = lx__on_close,
-    .on_fail = lx__on_fail,
-};
-
-/* ---- server connections (mp.listen { on_connect = }) ----
- *
- * An accepted connection becomes a socket like mp.tcp's, handed to
- * on_connect in a coroutine of its own (LX_PLAIN: it holds the lane, not
- * the connection, since a held connection would get no on_data while its
- * coroutine waits in receive). The service's connection count is kept
- * here, as lx_conn.c does for the callback style. */
-
-struct lx__srv_push {
-  lx_service_t *sv;
-  conn_t *c;
-  lx_tcp_t *s;
-};
-
-static int lx__srv_push(lua_State *L, void *arg) {
-  struct lx__srv_push *p = arg;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, p->sv->on_connect);
-  lx_tcp_t *s = lua_newuserdata(L, sizeof(*s));
-  memset(s, 0, sizeof(*s));
-  s->kind = K_SOCK;
-  s->anchor = LUA_NOREF;
-  timer_init(&s->timer);
-  luaL_getmetatable(L, LX_TCP_MT);
-  lua_setmetatable(L, -2);
-  s->key = strdup("server");
-  if (!s->key) luaL_error(L, "out of memory");
-  p->s = s;
-  return 2;
-}
-
-static void lx__srv_open(conn_t *c) {
-  lx_service_t *sv = reactor_conn_service(c);
-  lx_lane_t *ln = sv->ln;
-  sv->conns++;
-  lx_client_t *cl = lx_client_of(ln);
-  struct lx__srv_push p = {sv, c, NULL};
-  int co_ref, n;
-  lua_State *co = cl ? lx_co_take_push(ln, &co_ref, lx__srv_push, &p, &n)
-                     : NULL;
-  if (!co) {
-    if (!cl) log_error("on_connect: out of memory");
-    reactor_conn_force_close(c, CONN_ERROR);
-    return;
-  }
-  lx_tcp_t *s = p.s;
-  s->cl = cl;
-  s->c = c;
-  s->state = S_OPEN;
-  s->server = true;
-  s->uuid = reactor_conn_uuid(c);
-  s->max_buffer = sv->max_buffer ? sv->max_buffer : LX_TCP_MAX_BUFFER;
-  s->max_line = sv->max_line ? sv->max_line : LX_TCP_MAX_LINE;
-  if (s->max_line > s->max_buffer) s->max_line = s->max_buffer;
-  /* No per-call bound by default: the listener's idle timeout closes a
-   * connection nothing moves on (s:settimeouts adds one). */
-  s->t_connect = s->t_send = s->t_read = 0;
-  s->next = cl->socks;
-  if (s->next) s->next->prev = s;
-  cl->socks = s;
-  reactor_conn_set_udata(c, s);
-  lx_call_on(ln, co, co_ref, n - 1, LX_PLAIN, NULL, NULL, "on_connect");
-}
-
-/* The server is stopping: a read that would wait gets nil, "shutdown"
- * (buffered data is still returned), so the coroutine can end; sends
- * still work. */
-static void lx__srv_shutdown(conn_t *c) {
-  lx_tcp_t *s = reactor_conn_udata(c);
-  if (!s) return;
-  s->shutdown = true;
-  lx__try(s);
-}
-
-static void lx__srv_close(conn_t *c, int reason) {
-  lx_service_t *sv = reactor_conn_service(c);
-  lx__gone(c, 0, reason);
-  sv->conns--;
-  lx_service_maybe_free(sv);
-}
-
-const proto_t lx_tcp_server_proto = {
-    .on_open = lx__srv_open,
-    .on_data = lx__on_data,
-    .on_ready = lx__on_ready,
-    .on_timeout = lx__on_timeout,
-    .on_shutdown = lx__srv_shutdown,
-    .on_close = lx__srv_close,
-    .on_fail = lx__on_fail,
+    .on_fail = lx_tcp__on_fail,
 };
 
 /* s:peer(): ip, port (or "unix", path), or nil, "closed". */
@@ -632,7 +488,7 @@ static void lx__resolved(void *arg, int err, const dns_addr_t *addrs, size_t n,
   if (!s->cl || s->cl->closing) return;
   if (err || n == 0) {
     lx__set_closed(s, err ? dns_strerror(err) : "no such host");
-    lx__try(s);
+    lx_tcp__try(s);
     return;
   }
   char ip[INET6_ADDRSTRLEN];
@@ -642,7 +498,7 @@ static void lx__resolved(void *arg, int err, const dns_addr_t *addrs, size_t n,
   int rc = lx__connect_to(s, ip, s->t_connect);
   if (rc) {
     lx__set_closed_err(s, rc);
-    lx__try(s);
+    lx_tcp__try(s);
   }
 }
 
@@ -1053,7 +909,9 @@ static int lx_tcp_tostring(lua_State *L) {
   return 1;
 }
 
-void lx_tcp_free_all(lx_client_t *cl) {
+void lx_tcp_lane_close(lx_lane_t *ln) {
+  lx_client_t *cl = lx_client_closing(ln);
+  if (!cl) return;
   while (cl->socks) {
     lx__detach(cl->socks, CONN_SHUTDOWN); /* its anchor, if any, goes
                                              with the Lua state */

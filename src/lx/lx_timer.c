@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_timer: mp.after, mp.every (timer objects with stop/active) and
  * mp.sleep, on the lane's reactor timer heap; and what a retired lane's
  * timers and sleeps become. Moved from lx_moonport.c. */
@@ -7,6 +9,14 @@
 #include "lx/lx_lane.h"
 #include "lx/lx_server.h"
 #include "lx/lx_timer.h"
+
+/* The row's slot (lx_module.h): set by the runner before the first lane,
+ * read-only after. */
+int lx_timer_slot = -1;
+
+static lx_timer_lane_t *lx__tl(const lx_lane_t *ln) {
+  return lx_lane_state(ln, lx_timer_slot);
+}
 
 #define LX_TIMER_MT "moonport.timer"
 
@@ -41,7 +51,7 @@ static void lx__timer_unlink(lx_timer_t *t) {
   if (t->prev)
     t->prev->next = t->next;
   else
-    t->ln->timers = t->next;
+    lx__tl(t->ln)->timers = t->next;
   if (t->next) t->next->prev = t->prev;
   t->prev = t->next = NULL;
 }
@@ -70,8 +80,8 @@ int lx_timer_anchor(lx_timer_t *t) {
 }
 
 void lx_timers_stop_all(lx_lane_t *ln) {
-  while (ln->timers) {
-    lx_timer_t *t = ln->timers;
+  while (lx__tl(ln)->timers) {
+    lx_timer_t *t = lx__tl(ln)->timers;
     /* Off the list first: a timer due in the batch now running finishes
      * only when the batch reaches it. */
     lx__timer_unlink(t);
@@ -117,9 +127,9 @@ static int lx__timer_new(lua_State *L, lua_Number delay, lua_Number interval,
                        lx__timer_fire, lx__timer_finish, t);
   if (rc) return luaL_error(L, "cannot start a timer: out of memory");
   t->prev = NULL;
-  t->next = ln->timers;
+  t->next = lx__tl(ln)->timers;
   if (t->next) t->next->prev = t;
-  ln->timers = t;
+  lx__tl(ln)->timers = t;
   t->linked = true;
   lua_pushvalue(L, fn_idx);
   t->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -162,7 +172,7 @@ static void lx__sleep_unlink(lx_lane_t *ln, lx_sleep_t *s) {
   if (s->prev)
     s->prev->next = s->next;
   else
-    ln->sleeps = s->next;
+    lx__tl(ln)->sleeps = s->next;
   if (s->next) s->next->prev = s->prev;
   s->prev = s->next = NULL;
 }
@@ -198,26 +208,26 @@ static int lx__sleep_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
     free(s);
     return -ENOMEM;
   }
-  s->next = ln->sleeps;
+  s->next = lx__tl(ln)->sleeps;
   if (s->next) s->next->prev = s;
-  ln->sleeps = s;
+  lx__tl(ln)->sleeps = s;
   lx_wait_cancel_on(ln, lx__sleep_cancel, s);
   return 0;
 }
 
 void lx_sleeps_abandon(lx_lane_t *ln) {
-  while (ln->sleeps) {
-    lx_sleep_t *s = ln->sleeps;
-    ln->sleeps = s->next;
+  while (lx__tl(ln)->sleeps) {
+    lx_sleep_t *s = lx__tl(ln)->sleeps;
+    lx__tl(ln)->sleeps = s->next;
     lx_run_abandon(ln, &s->run);
     timer_stop(reactor_timers(ln->r), &s->timer); /* frees s */
   }
 }
 
 void lx_sleeps_free(lx_lane_t *ln) {
-  while (ln->sleeps) {
-    lx_sleep_t *s = ln->sleeps;
-    ln->sleeps = s->next;
+  while (lx__tl(ln)->sleeps) {
+    lx_sleep_t *s = lx__tl(ln)->sleeps;
+    lx__tl(ln)->sleeps = s->next;
     free(s);
   }
 }

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_tls: see lx_tls.h. */
 #include "lx/lx_tls.h"
 
@@ -6,16 +8,8 @@
 
 #include "core/log.h"
 
-#include "lx/lx_conn.h"
+#include "lx/lx_service.h"
 #include "lx/lx_server.h"
-
-const char lx_tls_http_plain_reply[] =
-    "HTTP/1.1 400 Bad Request\r\n"
-    "Content-Type: text/plain\r\n"
-    "Content-Length: 46\r\n"
-    "Connection: close\r\n"
-    "\r\n"
-    "This port speaks HTTPS: use an https:// URL.\r\n";
 
 /* A string field of the table at idx, or NULL; raises when it is there
  * but not a string. */
@@ -39,9 +33,9 @@ static void lx__cert(lua_State *L, int idx, net_tls_cert_t *ct,
   if (!lua_istable(L, idx))
     luaL_error(L, "%s: tls must be a table {cert=, key=} or a list of them",
                what);
-  ct->cert = lx__str(L, idx, "cert", what);
-  ct->key = lx__str(L, idx, "key", what);
-  ct->chain = lx__str(L, idx, "chain", what);
+  ct->cert = lx_script_path(L, lx__str(L, idx, "cert", what));
+  ct->key = lx_script_path(L, lx__str(L, idx, "key", what));
+  ct->chain = lx_script_path(L, lx__str(L, idx, "chain", what));
   if (!ct->cert || !ct->key)
     luaL_error(L, "%s: tls needs cert and key (PEM file names)", what);
   lua_getfield(L, idx, "names");
@@ -94,7 +88,7 @@ void lx_tls_parse(lua_State *L, int idx, lx_tls_conf_t *conf,
 }
 
 net_tls_ctx_t *lx_tls_server(lx_lane_t *ln, lx_shared_listener_t *sl,
-                             const lx_tls_conf_t *conf, bool alpn_http,
+                             const lx_tls_conf_t *conf, const char *alpn,
                              char *err, size_t errlen) {
   lx_server_t *srv = ln->srv;
   /* Under the lock: the lanes of a process make it once. */
@@ -106,7 +100,7 @@ net_tls_ctx_t *lx_tls_server(lx_lane_t *ln, lx_shared_listener_t *sl,
     return have;
   }
   net_tls_ctx_t *ctx =
-      net_tls_server_ctx(conf->certs, conf->n, alpn_http, err, errlen);
+      net_tls_server_ctx_alpn(conf->certs, conf->n, alpn, err, errlen);
   net_tls_ctx_t *old = NULL;
   if (ctx && (!ln->is_root || !sl->tls)) { /* the first: in use at once */
     sl->tls = ctx;
@@ -148,9 +142,9 @@ net_tls_ctx_t *lx_tls_client(lua_State *L, int idx, const char **sni,
     lua_getfield(L, idx, "verify");
     if (!lua_isnil(L, -1)) o.verify = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    o.ca = lx__str(L, idx, "ca", "tls");
-    o.cert = lx__str(L, idx, "cert", "tls");
-    o.key = lx__str(L, idx, "key", "tls");
+    o.ca = lx_script_path(L, lx__str(L, idx, "ca", "tls"));
+    o.cert = lx_script_path(L, lx__str(L, idx, "cert", "tls"));
+    o.key = lx_script_path(L, lx__str(L, idx, "key", "tls"));
     *sni = lx__str(L, idx, "sni", "tls");
   } else if (!lua_isboolean(L, idx)) {
     luaL_error(L, "tls must be true or a table {verify=, ca=, sni=, cert=, "

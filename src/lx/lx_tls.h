@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_tls: the `tls` options of mp.listen / mp.http (a server's
  * certificates) and of the clients (trust, SNI), and conn:tls(). The
  * record layer itself is net/tls.h, under the reactor. Lane thread. */
@@ -30,9 +32,10 @@ void lx_tls_parse(lua_State *L, int idx, lx_tls_conf_t *conf,
  * root, or another lane), or a new one made from conf (then sl holds it).
  * The caller gets a reference. In the root a new one is always made, so
  * a reload reads the certificates again. NULL with one line in err (the
- * file and why) when they don't load. `alpn_http` offers ALPN http/1.1. */
+ * file and why) when they don't load. `alpn`: the protocols offered by
+ * ALPN (net_tls_server_ctx_alpn), or NULL. */
 net_tls_ctx_t *lx_tls_server(lx_lane_t *ln, struct lx_shared_listener *sl,
-                             const lx_tls_conf_t *conf, bool alpn_http,
+                             const lx_tls_conf_t *conf, const char *alpn,
                              char *err, size_t errlen);
 
 /* A client's `tls` value at idx (true, or {verify=, ca=, sni=, cert=,
@@ -45,8 +48,5 @@ net_tls_ctx_t *lx_tls_client(lua_State *L, int idx, const char **sni,
 /* Pushes conn:tls()'s answer for c: {protocol=, cipher=, sni=, alpn=,
  * resumed=} or nil for a plain connection. Returns 1. */
 int lx_tls_push_info(lua_State *L, conn_t *c);
-
-/* What a plain HTTP request to an HTTPS port is told before the close. */
-extern const char lx_tls_http_plain_reply[];
 
 #endif

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_wait: the C half of mp.wait(fn [, timeout_ms]) (lua/moonport/
  * wake.lua): a one-shot latch a callback API fires, which resumes the
  * coroutine that waits on it, or a timer that resumes it with "timeout".
@@ -12,6 +14,7 @@
 
 #include "lx/lx_client.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_wait.h"
 
 #define LX_WAKE_MT "moonport.wake"
 
@@ -180,7 +183,9 @@ static int lx_wake_gc(lua_State *L) {
   return 0;
 }
 
-void lx_wait_free_all(lx_client_t *cl) {
+void lx_wait_lane_close(lx_lane_t *ln) {
+  lx_client_t *cl = lx_client_closing(ln);
+  if (!cl) return;
   while (cl->wakes) {
     lx_wake_t *w = cl->wakes;
     if (w->timer.armed) timer_stop(reactor_timers(cl->ln->r), &w->timer);

@@ -1,16 +1,21 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_ws: the Lua face of the streams an HTTP connection can turn into:
  * WebSocket (after an upgrade) and Server-Sent Events (res:sse). Each is
  * a Lua object bound to its connection by uuid; their subscriptions
  * without a function forward messages to the client from C, without
  * entering Lua. The HTTP server hands a stream its connection's events
  * through lx_stream_ops (http/server.h); frames, close frames, SSE events
- * and the shared fan-out frames are written by http/stream.h. */
+ * and the shared fan-out frames are written by http/ws_sse.h. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
-#include "http/stream.h"
+#include "http/compress.h"
+#include "http/h2_stream.h"
+#include "http/ws_deflate.h"
+#include "http/ws_sse.h"
 #include "http/ws.h"
 #include "lx/lx_conn.h"
 #include "lx/lx_lane.h"
@@ -39,16 +44,22 @@ struct lx_ws_cfg {
   /* registry refs or NOREF */
   int on_upgrade, on_open, on_message, on_ready, on_close;
   size_t max_msg;
+  bool compress; /* permessage-deflate is offered back: pmd */
+  ws_pmd_cfg_t pmd;
 };
 
 struct lx_stream {
   int kind;
   lx_lane_t *ln;
   sock_uuid_t uuid;
+  int32_t sid; /* SSE over HTTP/2: its stream (h2_stream.h), else 0 */
   const lx_ws_cfg_t *cfg; /* WS: the service's (it outlives its conns) */
   int on_open, on_close;  /* SSE: its own refs */
   int obj_ref;            /* the Lua object, LUA_NOREF until pushed */
   char *last_id;          /* SSE: the Last-Event-ID the client sent */
+  http_gz_t *gz;          /* SSE: its gzip stream (compress), or NULL */
+  ws_z_t *z;              /* WS: permessage-deflate, when agreed */
+  size_t z_threshold;     /* ... messages shorter go plain */
   /* WebSocket input */
   ws_reader_t rd;
   char *in;
@@ -67,7 +78,14 @@ struct lx_stream {
 typedef struct {
   sock_uuid_t uuid;
   int kind;
+  int32_t sid;
 } lx_stream_ud_t;
+
+/* The stream of connection c (HTTP/2: its stream sid), or NULL. */
+static lx_stream_t *lx__stream_at(conn_t *c, int32_t sid) {
+  return sid ? http_h2_stream_of(c, sid, &lx_stream_ops)
+             : http_conn_stream_of(c, &lx_stream_ops);
+}
 
 static lx_lane_t *lx__ln(lua_State *L) {
   return lua_touserdata(L, lua_upvalueindex(1));
@@ -85,6 +103,64 @@ static int lx__fn_ref(lua_State *L, int idx, const char *name) {
     luaL_error(L, "mp.http: websocket.%s must be a function (got %s)", name,
                luaL_typename(L, -1));
   return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+static int lx__ws_bits(lua_State *L, int idx, const char *name, int def) {
+  lua_getfield(L, idx, name);
+  int v = def;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 9 ||
+        lua_tonumber(L, -1) > 15 ||
+        lua_tonumber(L, -1) != (int)lua_tonumber(L, -1))
+      luaL_error(L, "compress.%s must be a whole number 9..15", name);
+    v = (int)lua_tonumber(L, -1);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+static bool lx__ws_flag(lua_State *L, int idx, const char *name, bool def) {
+  lua_getfield(L, idx, name);
+  bool v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+bool lx_ws_compress_opts(lua_State *L, int idx, ws_pmd_cfg_t *pmd) {
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  ws_pmd_cfg_init(pmd);
+  lua_getfield(L, idx, "compress");
+  int t = lua_type(L, -1);
+  bool on = t == LUA_TTABLE || (t == LUA_TBOOLEAN && lua_toboolean(L, -1));
+  if (t != LUA_TNIL && t != LUA_TBOOLEAN && t != LUA_TTABLE)
+    luaL_error(L, "compress must be true or a table (got %s)",
+               luaL_typename(L, -1));
+  if (t == LUA_TTABLE) {
+    int ct = lua_gettop(L);
+    pmd->want.server_no_ctx =
+        lx__ws_flag(L, ct, "server_no_context_takeover", true);
+    pmd->want.client_no_ctx =
+        lx__ws_flag(L, ct, "client_no_context_takeover", false);
+    pmd->want.server_bits = lx__ws_bits(L, ct, "server_max_window_bits", 15);
+    pmd->want.client_bits = lx__ws_bits(L, ct, "client_max_window_bits", 15);
+    lua_getfield(L, ct, "threshold");
+    if (!lua_isnil(L, -1)) {
+      if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 0)
+        luaL_error(L, "compress.threshold must be a number of bytes");
+      pmd->threshold = (size_t)lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, ct, "level");
+    if (!lua_isnil(L, -1)) {
+      if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 1 ||
+          lua_tonumber(L, -1) > 9)
+        luaL_error(L, "compress.level must be 1..9");
+      pmd->level = (int)lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return on;
 }
 
 /* Raises on a bad websocket table; returns max_msg. */
@@ -111,6 +187,8 @@ static size_t lx__ws_check(lua_State *L, int idx) {
     lua_pop(L, 1);
     if (bad) lx__fn_ref(L, idx, names[i]); /* raises */
   }
+  ws_pmd_cfg_t pmd;
+  lx_ws_compress_opts(L, idx, &pmd); /* raises on a bad one */
   return (size_t)max;
 }
 
@@ -124,6 +202,7 @@ lx_ws_cfg_t *lx_ws_cfg_new(lua_State *L, int idx) {
   lx_ws_cfg_t *cfg = malloc(sizeof(*cfg));
   if (!cfg) luaL_error(L, "out of memory");
   cfg->max_msg = max;
+  cfg->compress = lx_ws_compress_opts(L, idx, &cfg->pmd);
   cfg->on_upgrade = lx__fn_ref(L, idx, "on_upgrade");
   cfg->on_open = lx__fn_ref(L, idx, "on_open");
   cfg->on_message = lx__fn_ref(L, idx, "on_message");
@@ -166,6 +245,41 @@ lx_stream_t *lx_ws_new(lx_lane_t *ln, conn_t *c, const lx_ws_cfg_t *cfg) {
   return st;
 }
 
+size_t lx_ws_negotiate(lx_stream_t *st, const char *offer, size_t len,
+                       char *resp, size_t cap) {
+  ws_z_free(st->z); /* (again: to leave it off) */
+  st->z = NULL;
+  st->rd.z = NULL;
+  ws_pmd_t p;
+  if (!st->cfg->compress || !offer ||
+      !ws_pmd_accept(&st->cfg->pmd, offer, len, &p, resp, cap))
+    return 0;
+  if (!(st->z = ws_z_new(&p, true, st->cfg->pmd.level))) return 0;
+  st->z_threshold = st->cfg->pmd.threshold;
+  st->rd.z = st->z;
+  return strlen(resp);
+}
+
+/* A data message for st's connection, compressed when agreed and long
+ * enough: a new buffer holding `room` free bytes then the deflated
+ * bytes (*zlen), or NULL to send it plain (or out of memory). */
+static char *lx__ws_deflate(lx_stream_t *st, const char *p, size_t n,
+                            size_t room, size_t *zlen) {
+  if (!st->z || n < st->z_threshold) return NULL;
+  char *z = ws_z_deflate(st->z, p, n, room, zlen);
+  if (z) {
+    stats_add(st->ln->stats, STAT_WS_DEFLATES, 1);
+    stats_add(st->ln->stats, STAT_WS_DEFL_IN, n);
+    stats_add(st->ln->stats, STAT_WS_DEFL_OUT, *zlen);
+  }
+  return z;
+}
+
+static void lx__free_release(void *ctx, void *ctx2) {
+  (void)ctx2;
+  free(ctx);
+}
+
 /* Pushes the stream's Lua object (one per stream, kept until it closes). */
 static void lx__push_obj(lua_State *L, lx_stream_t *st) {
   if (st->obj_ref != LUA_NOREF) {
@@ -176,13 +290,14 @@ static void lx__push_obj(lua_State *L, lx_stream_t *st) {
       L, sizeof(*ud), st->kind == LX_KIND_WS ? LX_WS_MT : LX_SSE_MT);
   ud->uuid = st->uuid;
   ud->kind = st->kind;
+  ud->sid = st->sid;
   lua_pushvalue(L, -1);
   st->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
 void lx_stream_push(lua_State *L, lx_stream_t *st) { lx__push_obj(L, st); }
 
-/* Writes a frame (http/stream.h); a long message goes by reference to
+/* Writes a frame (http/ws_sse.h); a long message goes by reference to
  * the Lua string at `idx` of L. 0 or a negative errno. */
 static int lx__ws_frame(conn_t *c, int op, const char *p, size_t n,
                         lua_State *L, int idx, lx_lane_t *ln) {
@@ -312,7 +427,8 @@ static void lx_stream_data(conn_t *c, lx_stream_t *st, const char *data, size_t 
   }
   /* One frame of the largest message, a control frame, and what one read
    * brings past them. */
-  size_t limit = st->rd.max_msg + 2 * WS_MAX_HEAD + 125 + 65536;
+  size_t limit = st->rd.max_msg + st->rd.max_msg / 256 + 64 + 2 * WS_MAX_HEAD +
+                 125 + 65536; /* (a compressed frame's own bound: ws.c) */
   if (st->len + len > limit) {
     lx__ws_fail(c, st, WS_CLOSE_TOO_BIG);
     return;
@@ -359,9 +475,13 @@ void lx_ws_begin(conn_t *c, lx_stream_t *st,
 /* ---- SSE ---- */
 
 lx_stream_t *lx_sse_new(lua_State *L, lx_lane_t *ln, conn_t *c, int opts,
-                        const char *last_id, size_t last_len) {
+                        const char *last_id, size_t last_len, http_gz_t *gz) {
   lx_stream_t *st = lx__stream_new(ln, c, LX_KIND_SSE);
-  if (!st) return NULL;
+  if (!st) {
+    http_gz_free(gz);
+    return NULL;
+  }
+  st->gz = gz;
   if (last_id) {
     st->last_id = malloc(last_len + 1);
     if (st->last_id) {
@@ -380,10 +500,52 @@ lx_stream_t *lx_sse_new(lua_State *L, lx_lane_t *ln, conn_t *c, int opts,
   return st;
 }
 
+void lx_sse_set_stream(lx_stream_t *st, int32_t sid) { st->sid = sid; }
+
+typedef struct {
+  conn_t *c;
+  int32_t sid;
+} lx_sse_to_t;
+
+/* Bytes of an SSE stream to its connection, or its HTTP/2 stream. */
+static int lx__sse_put(conn_t *c, int32_t sid, const char *p, size_t n) {
+  return sid ? http_h2_stream_write(c, sid, p, n) : reactor_conn_write(c, p, n);
+}
+
+static int lx__sse_out(void *ctx, const char *p, size_t n) {
+  lx_sse_to_t *to = ctx;
+  return lx__sse_put(to->c, to->sid, p, n);
+}
+
+/* A stream that can't go on is cut: over HTTP/2 the stream alone (the
+ * failed write reset it), else its connection. */
+static void lx__sse_cut(conn_t *c, lx_stream_t *st) {
+  if (st->sid)
+    http_h2_stream_end(c, st->sid);
+  else
+    reactor_conn_force_close(c, CONN_ERROR);
+}
+
+/* Writes SSE text to c: as it is, or through the stream's gzip stream
+ * (flushed, so the event reaches the client at once). A stream cut in
+ * the middle of a compressed piece can't go on: the connection closes. */
+static int lx__sse_write(conn_t *c, lx_stream_t *st, const char *text,
+                         size_t len) {
+  if (!st->gz) return lx__sse_put(c, st->sid, text, len);
+  size_t in0, out0, in1, out1;
+  http_gz_counts(st->gz, &in0, &out0);
+  lx_sse_to_t to = {c, st->sid};
+  int rc = http_gz_push(st->gz, text, len, false, lx__sse_out, &to);
+  http_gz_counts(st->gz, &in1, &out1);
+  stats_add(st->ln->stats, STAT_HTTP_COMP_IN, in1 - in0);
+  stats_add(st->ln->stats, STAT_HTTP_COMP_OUT, out1 - out0);
+  if (rc) lx__sse_cut(c, st);
+  return rc;
+}
+
 static void lx__sse_open(conn_t *c, void *arg) {
-  (void)arg;
   if (!c) return;
-  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
+  lx_stream_t *st = lx__stream_at(c, (int32_t)(intptr_t)arg);
   if (!st || st->kind != LX_KIND_SSE || st->on_open == LUA_NOREF) return;
   lx_lane_t *ln = st->ln;
   int co_ref;
@@ -394,8 +556,9 @@ static void lx__sse_open(conn_t *c, void *arg) {
 }
 
 void lx_sse_begin(conn_t *c, lx_stream_t *st) {
-  if (st->on_open != LUA_NOREF && reactor_conn_task(c, lx__sse_open, NULL))
-    reactor_conn_force_close(c, CONN_ERROR);
+  if (st->on_open != LUA_NOREF &&
+      reactor_conn_task(c, lx__sse_open, (void *)(intptr_t)st->sid))
+    lx__sse_cut(c, st);
 }
 
 /* ---- forwarding subscriptions ---- */
@@ -403,13 +566,6 @@ void lx_sse_begin(conn_t *c, lx_stream_t *st) {
 /* One framed message per kind and dispatch (http_frame_t): every
  * subscriber's write queue holds a reference, so a fan-out to N
  * subscribers builds the frame once and copies nothing per subscriber. */
-
-void lx_fwd_ctx_done(lx_fwd_ctx_t *fc) {
-  for (int i = 0; i < 2; i++) {
-    http_frame_unref(fc->frame[i]);
-    fc->frame[i] = NULL;
-  }
-}
 
 /* The message as a frame for a stream of `kind`, with the dispatch's
  * reference; NULL when out of memory. */
@@ -421,10 +577,61 @@ static lx_frame_t *lx__frame_new(lx_fwd_ctx_t *fc, int kind) {
   return http_frame_ws(body, m->mlen, fc->text);
 }
 
-static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
+/* A message to a subscriber that agreed permessage-deflate. Without
+ * server context takeover the deflated frame is made once per dispatch
+ * (and window bits and level) and shared by reference like the plain
+ * one; with it, the connection's own stream deflates it for it alone. */
+static void lx__fwd_deflated(conn_t *c, lx_stream_t *st, lx_fwd_ctx_t *fc) {
+  pubsub_msg_t *m = fc->m;
+  const char *body = pubsub_msg_body(m);
+  if (fc->text < 0) fc->text = ws_utf8_valid(body, m->mlen);
+  int op = (fc->text ? WS_TEXT : WS_BINARY) | WS_RSV1;
+  int bits = ws_z_send_bits(st->z), level = st->cfg->pmd.level;
+  bool alone = ws_z_send_alone(st->z);
+  lx_frame_t *f = NULL;
+  if (alone && fc->zframe && fc->zbits == bits && fc->zlevel == level) {
+    f = fc->zframe;
+  } else {
+    size_t zn;
+    char *z = lx__ws_deflate(st, body, m->mlen, 0, &zn);
+    f = z ? http_frame_ws_op(z, zn, op) : NULL;
+    free(z);
+    if (f && alone && !fc->zframe) { /* the dispatch's, for the others */
+      fc->zframe = f;
+      fc->zbits = bits;
+      fc->zlevel = level;
+    }
+  }
+  if (!f) {
+    log_error("pub/sub: out of memory; a client that missed a message is "
+              "disconnected");
+    reactor_conn_force_close(c, CONN_ERROR);
+    return;
+  }
+  http_frame_send(c, f);
+  if (f != fc->zframe) http_frame_unref(f); /* only the queue's is left */
+}
+
+static void lx__fwd(lx_lane_t *ln, conn_t *c, int32_t sid, lx_fwd_ctx_t *fc) {
   (void)ln;
-  lx_stream_t *st = http_conn_stream_of(c, &lx_stream_ops);
+  lx_stream_t *st = lx__stream_at(c, sid);
   if (!st || (st->kind == LX_KIND_WS && st->close_sent)) return;
+  if (st->gz) { /* its own gzip stream: the plain text, deflated for it */
+    pubsub_msg_t *m = fc->m;
+    size_t len;
+    char *text =
+        http_sse_event(pubsub_msg_body(m), m->mlen, NULL, 0, NULL, 0, 0, &len);
+    if (!text)
+      lx__sse_cut(c, st); /* a cut, not a gap */
+    else
+      lx__sse_write(c, st, text, len); /* cuts the stream if it fails */
+    free(text);
+    return;
+  }
+  if (st->z && fc->m->mlen >= st->z_threshold) {
+    lx__fwd_deflated(c, st, fc);
+    return;
+  }
   int i = st->kind == LX_KIND_WS ? 0 : 1;
   if (!fc->frame[i]) fc->frame[i] = lx__frame_new(fc, st->kind);
   lx_frame_t *f = fc->frame[i];
@@ -432,10 +639,13 @@ static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
     /* A gap in the stream would be worse than a cut. */
     log_error("pub/sub: out of memory; a client that missed a message is "
               "disconnected");
-    reactor_conn_force_close(c, CONN_ERROR);
+    lx__sse_cut(c, st);
     return;
   }
-  http_frame_send(c, f);
+  if (st->sid) /* copied into the stream's buffer (a reset past its cap) */
+    http_h2_stream_write(c, st->sid, f->data, f->len);
+  else
+    http_frame_send(c, f);
 }
 
 /* ---- the Lua objects ---- */
@@ -444,7 +654,7 @@ static void lx__fwd(lx_lane_t *ln, conn_t *c, lx_fwd_ctx_t *fc) {
 static lx_stream_t *lx__stream(lua_State *L, conn_t **cp) {
   lx_stream_ud_t *ud = lx_check_self(L, "websocket or sse object");
   conn_t *c = ud->uuid ? reactor_conn_find(lx__ln(L)->r, ud->uuid) : NULL;
-  lx_stream_t *st = c ? http_conn_stream_of(c, &lx_stream_ops) : NULL;
+  lx_stream_t *st = c ? lx__stream_at(c, ud->sid) : NULL;
   if (st && st->kind != ud->kind) st = NULL;
   *cp = st ? c : NULL;
   return st;
@@ -464,7 +674,13 @@ static int lx_ws_send(lua_State *L) {
       return luaL_argerror(L, 2, "a text message must be UTF-8");
   }
   if (!st || st->close_sent) return lx_push_fail(L, -EPIPE);
-  int rc = lx__ws_frame(c, op, p, n, L, 2, st->ln);
+  size_t zn;
+  char *z = lx__ws_deflate(st, p, n, 0, &zn);
+  int rc = !z                     ? lx__ws_frame(c, op, p, n, L, 2, st->ln)
+           : zn <= HTTP_WS_INLINE ? http_ws_send(c, op | WS_RSV1, z, zn)
+                                  : http_ws_send_ref(c, op | WS_RSV1, z, zn,
+                                                     lx__free_release, z, NULL);
+  if (z && zn <= HTTP_WS_INLINE) free(z);
   if (rc) return lx_push_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -509,7 +725,7 @@ static int lx_sse_send(lua_State *L) {
   size_t len;
   char *text = http_sse_event(p, n, ev, evl, id, idl, 0, &len);
   if (!text) return luaL_error(L, "out of memory");
-  int rc = reactor_conn_write(c, text, len);
+  int rc = lx__sse_write(c, st, text, len);
   free(text);
   if (rc) return lx_push_fail(L, rc);
   lua_pushboolean(L, 1);
@@ -518,7 +734,11 @@ static int lx_sse_send(lua_State *L) {
 
 static int lx_sse_close(lua_State *L) {
   conn_t *c;
-  if (lx__stream(L, &c)) reactor_conn_close(c, CONN_LOCAL);
+  lx_stream_t *st = lx__stream(L, &c);
+  if (st && st->sid)
+    http_h2_stream_end(c, st->sid); /* the stream ends, not its connection */
+  else if (st)
+    reactor_conn_close(c, CONN_LOCAL);
   return 0;
 }
 
@@ -534,7 +754,7 @@ static int lx_stream_subscribe(lua_State *L) {
   conn_t *c;
   lx_stream_t *st = lx__stream(L, &c);
   if (!st) return lx_push_fail(L, -EPIPE);
-  return lx_subscribe(L, lx__ln(L), 2, st->uuid, lx__fwd);
+  return lx_subscribe_stream(L, lx__ln(L), 2, st->uuid, st->sid, lx__fwd);
 }
 
 static int lx_stream_peer(lua_State *L) {
@@ -572,8 +792,10 @@ static int lx_stream_is_open(lua_State *L) {
 
 static int lx_stream_pending(lua_State *L) {
   conn_t *c;
-  lx__stream(L, &c);
-  lua_pushnumber(L, c ? (lua_Number)reactor_conn_pending(c) : 0);
+  lx_stream_t *st = lx__stream(L, &c);
+  lua_pushnumber(L, !c        ? 0
+                    : st->sid ? (lua_Number)http_h2_stream_buffered(c, st->sid)
+                              : (lua_Number)reactor_conn_pending_ready(c));
   return 1;
 }
 
@@ -653,7 +875,7 @@ static void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   stats_add(ln->stats, st->kind == LX_KIND_WS ? STAT_WS_CLOSED : STAT_SSE_CLOSED, 1);
   /* Only a stream subscribes for its connection: a plain HTTP connection
    * has nothing to cancel and skips this look-up. */
-  lx_pubsub_conn_closed(ln, st->uuid);
+  lx_pubsub_stream_closed(ln, st->uuid, st->sid);
   int on_close = st->kind == LX_KIND_WS ? st->cfg->on_close : st->on_close;
   if (on_close != LUA_NOREF && !ln->closing) {
     int co_ref;
@@ -674,6 +896,8 @@ static void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
   ws_reader_deinit(&st->rd);
   free(st->in);
   free(st->last_id);
+  http_gz_free(st->gz);
+  ws_z_free(st->z);
   free(st);
 }
 

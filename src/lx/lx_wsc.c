@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_wsc: mp.websocket's primitives over the server's frame code. */
 #include "lx/lx_wsc.h"
 
@@ -8,7 +10,9 @@
 
 #include "http/http1_response.h"
 #include "http/ws.h"
+#include "http/ws_deflate.h"
 #include "lx/lx_embed.h"
+#include "lx/lx_ws.h"
 
 #define LX_WSC_READER_MT "moonport.wsc.reader"
 
@@ -153,23 +157,105 @@ typedef struct {
   char *buf; /* bytes of a frame not whole yet */
   size_t len, cap;
   int failed; /* the close code it failed with, or 0 */
+  /* permessage-deflate: offered (compress), then agreed (z, owned) */
+  bool compress;
+  ws_pmd_cfg_t pmd;
+  ws_z_t *z;
 } lx_wsc_reader_t;
 
-/* core.wsc.reader(max_msg) -> a reader. */
+/* core.wsc.reader(max_msg [, compress]) -> a reader; compress: true or
+ * the table of mp.websocket's compress (raises on a bad one). */
 static int lx_wsc_reader(lua_State *L) {
   lua_Number max = luaL_checknumber(L, 1);
   if (!(max >= 1 && max <= (lua_Number)(1u << 30)))
     return luaL_argerror(L, 1, "max_msg must be 1 to 2^30");
+  lua_settop(L, 2);
+  lua_createtable(L, 0, 1); /* { compress = arg 2 }, for the option reader */
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, "compress");
+  ws_pmd_cfg_t pmd;
+  bool on = lx_ws_compress_opts(L, 3, &pmd); /* before anything is held */
+  /* a client asks no server_no_context_takeover unless told to: npm ws
+   * refuses the whole handshake when it is asked and not configured to
+   * (browsers offer the same: "permessage-deflate; client_max_window_bits") */
+  bool snc = false;
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    lua_getfield(L, 2, "server_no_context_takeover");
+    snc = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  pmd.want.server_no_ctx = snc;
   lx_wsc_reader_t *rd = lua_newuserdata(L, sizeof(*rd));
   memset(rd, 0, sizeof(*rd));
   ws_reader_init(&rd->r, (size_t)max, false);
+  rd->compress = on;
+  rd->pmd = pmd;
   luaL_getmetatable(L, LX_WSC_READER_MT);
   lua_setmetatable(L, -2);
   return 1;
 }
 
+/* reader:offer() -> the Sec-WebSocket-Extensions value to send, or nil. */
+static int lx_wsc_offer(lua_State *L) {
+  lx_wsc_reader_t *rd = luaL_checkudata(L, 1, LX_WSC_READER_MT);
+  char buf[192];
+  size_t n = rd->compress ? ws_pmd_offer(&rd->pmd, buf, sizeof(buf)) : 0;
+  if (!n) return 0;
+  lua_pushlstring(L, buf, n);
+  return 1;
+}
+
+/* reader:agree(value or nil) -> true (agreed), false (no extension), or
+ * nil, err: the server answered what was not offered (the client fails
+ * the connection, RFC 7692 5). */
+static int lx_wsc_agree(lua_State *L) {
+  lx_wsc_reader_t *rd = luaL_checkudata(L, 1, LX_WSC_READER_MT);
+  size_t n = 0;
+  const char *v = luaL_optlstring(L, 2, NULL, &n);
+  if (!v) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  ws_pmd_t p;
+  int rc = rd->compress ? ws_pmd_agreed(&rd->pmd, v, n, &p) : -1;
+  if (rc < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, rd->compress
+                          ? "handshake: the server answered an extension "
+                            "that was not offered (or broke its rules)"
+                          : "handshake: the server chose an extension, none "
+                            "was offered");
+    return 2;
+  }
+  if (rc > 0 && !rd->z) {
+    if (!(rd->z = ws_z_new(&p, false, rd->pmd.level)))
+      return luaL_error(L, "mp.websocket: out of memory");
+    rd->r.z = rd->z;
+  }
+  lua_pushboolean(L, rc > 0);
+  return 1;
+}
+
+/* reader:deflate(data) -> the message deflated (for a frame with RSV1),
+ * or nil when it goes plain (not agreed, or under the threshold). */
+static int lx_wsc_deflate(lua_State *L) {
+  lx_wsc_reader_t *rd = luaL_checkudata(L, 1, LX_WSC_READER_MT);
+  size_t n;
+  const char *p = luaL_checklstring(L, 2, &n);
+  if (!rd->z || n < rd->pmd.threshold) return 0;
+  size_t zn;
+  char *z = ws_z_deflate(rd->z, p, n, 0, &zn);
+  if (!z) return luaL_error(L, "mp.websocket: out of memory");
+  lua_pushlstring(L, z, zn);
+  free(z);
+  return 1;
+}
+
 static int lx_wsc_reader_gc(lua_State *L) {
   lx_wsc_reader_t *rd = luaL_checkudata(L, 1, LX_WSC_READER_MT);
+  ws_z_free(rd->z);
+  rd->z = NULL;
+  rd->r.z = NULL;
   ws_reader_deinit(&rd->r);
   free(rd->buf);
   rd->buf = NULL;
@@ -250,6 +336,12 @@ void lx_wsc_open(lua_State *L, lx_lane_t *ln) {
   lua_newtable(L);
   lua_pushcfunction(L, lx_wsc_feed);
   lua_setfield(L, -2, "feed");
+  lua_pushcfunction(L, lx_wsc_offer);
+  lua_setfield(L, -2, "offer");
+  lua_pushcfunction(L, lx_wsc_agree);
+  lua_setfield(L, -2, "agree");
+  lua_pushcfunction(L, lx_wsc_deflate);
+  lua_setfield(L, -2, "deflate");
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
   lx_embed_core_table(L, "wsc");

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* lx_wsc: the C half of mp.websocket, the WebSocket client
  * (lua/moonport/websocket.lua). It lends the Lua side the server's frame
  * code (http/ws.h): the reader of frames (here refusing masked ones, which

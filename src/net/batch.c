@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* batch: io_uring used as a vector of non-blocking sends and receives;
  * see batch.h. */
 #include "net/batch.h"
@@ -35,13 +37,40 @@ net_batch_t *net_batch_new(unsigned entries) {
     errno = ENOMEM;
     return NULL;
   }
-  /* One thread submits, and completions need no interrupt of it. */
+  /* One thread submits, and completions need no interrupt of it. The
+   * ring starts disabled, so it can be restricted before any use. */
   struct io_uring_params p = {.flags = IORING_SETUP_SINGLE_ISSUER |
-                                       IORING_SETUP_COOP_TASKRUN};
+                                       IORING_SETUP_COOP_TASKRUN |
+                                       IORING_SETUP_R_DISABLED};
   int rc = io_uring_queue_init_params(entries, &b->ring, &p);
   if (rc == -EINVAL) { /* kernels before 6.0 */
     memset(&p, 0, sizeof(p));
+    p.flags = IORING_SETUP_R_DISABLED;
     rc = io_uring_queue_init_params(entries, &b->ring, &p);
+  }
+  /* A ring does only what the batch asks of it: send, sendmsg and recv,
+   * no SQE flags, no io_uring_register operation (so no files, buffers or
+   * eventfds can be added later). A seccomp filter such as systemd's
+   * SystemCallFilter= sees io_uring_enter only, not the operations it
+   * runs: this keeps those to the three a socket server needs, whatever
+   * else an attacker with control of this process could submit. */
+  if (rc == 0) {
+    struct io_uring_restriction res[] = {
+        {.opcode = IORING_RESTRICTION_SQE_OP, .sqe_op = IORING_OP_SEND},
+        {.opcode = IORING_RESTRICTION_SQE_OP, .sqe_op = IORING_OP_SENDMSG},
+        {.opcode = IORING_RESTRICTION_SQE_OP, .sqe_op = IORING_OP_RECV},
+        {.opcode = IORING_RESTRICTION_SQE_FLAGS_ALLOWED, .sqe_flags = 0},
+    };
+    /* (liburing 2.3 as Debian ships it exports neither
+     * io_uring_register_restrictions nor io_uring_enable_rings: the
+     * register calls themselves, which return 0 or a negative errno) */
+    rc = io_uring_register((unsigned)b->ring.ring_fd,
+                           IORING_REGISTER_RESTRICTIONS, res,
+                           sizeof(res) / sizeof(res[0]));
+    if (rc == 0)
+      rc = io_uring_register((unsigned)b->ring.ring_fd,
+                             IORING_REGISTER_ENABLE_RINGS, NULL, 0);
+    if (rc < 0) io_uring_queue_exit(&b->ring);
   }
   if (rc < 0) {
     free(b);
@@ -52,6 +81,19 @@ net_batch_t *net_batch_new(unsigned entries) {
   b->cap = entries;
   b->slots = slots;
   return b;
+}
+
+int net_batch__nop(net_batch_t *b) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring);
+  if (!sqe) return -EBUSY;
+  io_uring_prep_nop(sqe);
+  int rc = io_uring_submit_and_wait(&b->ring, 1);
+  if (rc < 0) return rc;
+  struct io_uring_cqe *cqe;
+  if ((rc = io_uring_wait_cqe(&b->ring, &cqe)) < 0) return rc;
+  rc = cqe->res;
+  io_uring_cqe_seen(&b->ring, cqe);
+  return rc;
 }
 
 void net_batch_free(net_batch_t *b) {

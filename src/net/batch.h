@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* batch: many socket sends (or receives) in one system call (io_uring).
  *
  * The reactor writes what a loop iteration's callbacks produced with one
@@ -26,6 +28,10 @@ typedef struct net_batch net_batch_t;
  * comparisons). */
 net_batch_t *net_batch_new(unsigned entries);
 void net_batch_free(net_batch_t *b);
+/* For the unit tests only: submits an IORING_OP_NOP alone (the batch must
+ * be empty) and returns its result: -EACCES, as the ring is restricted to
+ * send, sendmsg and recv. */
+int net_batch__nop(net_batch_t *b);
 /* Queues a send of iov[0..cnt) (cnt <= NET_BATCH_IOV; copied) on `fd`;
  * `tag` comes back with its result. False when the batch is full (run it
  * first). */

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* dns: the lane's resolver (see dns.h). c-ares does the protocol; this
  * file owns the glue to the reactor (a watch per c-ares socket, one timer
  * for c-ares's timeouts), the requests (each with a timer that is both its

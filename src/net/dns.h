@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* dns: non-blocking name resolution for a lane, on Debian's c-ares driven
  * by the lane's reactor (its sockets are reactor watches, its timeouts a
  * reactor timer), so a slow DNS server never stalls the lane's other

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* poll: epoll. */
 #include "net/poll.h"
 

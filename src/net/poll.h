@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* poll: the readiness poller (epoll), behind a handful of calls so the rest
  * of the core never sees epoll. One poller per event loop thread. */
 #ifndef MP_POLL_H

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* reactor: one event loop per lane thread. It owns that lane's connections
  * (sock uuids), its timers and a mailbox other threads post tasks to, and
  * dispatches connection events to protocol objects.
@@ -70,6 +72,15 @@ typedef struct {
    * ClientHello goes (a plain HTTP request on an HTTPS port), before the
    * close; NULL closes at once. Must outlive the listener. */
   const char *tls_plain_reply;
+  /* reactor_adopt: an internal link (the root's pipe to a worker, the
+   * Redis pipe between lanes), not a client: left out of the connection
+   * counters, which say what clients hold */
+  bool internal;
+  /* A connection other connections' work goes through (the rediss://
+   * pipe): a shutdown neither tells nor waits for it, so it stays open
+   * through the stop hook; it closes (CONN_SHUTDOWN) when the loop has
+   * nothing else left, or at the deadline. */
+  bool outlive_shutdown;
 } conn_opts_t;
 
 #define REACTOR_HANDSHAKE_MS 10000
@@ -100,10 +111,16 @@ int reactor_run(reactor_t *r);
 void reactor_set_stop_hook(reactor_t *r, void (*fn)(reactor_t *r, void *arg),
                            void *arg);
 
-/* The loop's monotonic clock in milliseconds, updated once per iteration. */
+/* The monotonic clock in milliseconds, read now (not a stamp of the
+ * iteration: timers armed from it last their whole delay however long the
+ * iteration has run). Any thread. */
 uint64_t reactor_now(const reactor_t *r);
 /* Reads the clock now (monotonic ms). */
 uint64_t reactor_clock_ms(void);
+/* The loop's stamp of this iteration (monotonic ms, read once per pass):
+ * for a hot path that may be up to one iteration behind (mp.limit's
+ * decisions), never for arming a deadline (reactor_now). Loop thread. */
+uint64_t reactor_loop_ms(const reactor_t *r);
 
 /* Keeps a stopping loop alive (a suspended task waits for a timer, say);
  * every ref needs an unref. Reactor thread. */
@@ -245,9 +262,18 @@ bool reactor_conn_tls(const conn_t *c, net_tls_info_t *info);
 /* Why a TLS connection failed (the handshake, a bad record), as one line,
  * or NULL when it did not. Valid in on_fail and on_close. */
 const char *reactor_conn_tls_error(const conn_t *c);
+/* Whether the peer reset `c` (a read or write failed with ECONNRESET; the
+ * close reason says CONN_PEER, as for an orderly close). Valid in on_fail
+ * and on_close. Reactor thread. */
+bool reactor_conn_was_reset(const conn_t *c);
 
 /* Bytes queued and not yet written. */
 size_t reactor_conn_pending(const conn_t *c);
+/* The same for a caller that may wait for them: when not 0, on_ready
+ * follows once the queue drains, whether the kernel refused the bytes or
+ * they only wait for the loop's io_uring batch (which alone sets no
+ * on_ready). The Lua `pending()` methods. Reactor thread. */
+size_t reactor_conn_pending_ready(conn_t *c);
 /* Whether the queue is past write_limit (back pressure: reading stops
  * until it is down to half). A protocol that answers input already read
  * (pipelined requests) waits for on_ready instead of writing more. */
@@ -279,6 +305,8 @@ int reactor_conn_task(conn_t *c, void (*fn)(conn_t *c, void *arg), void *arg);
 /* The idle limit, and a reset of the idle clock. */
 void reactor_conn_set_timeout(conn_t *c, uint32_t timeout_ms);
 uint32_t reactor_conn_timeout(const conn_t *c);
+/* The bytes its write queue holds at most (max_queue). */
+size_t reactor_conn_max_queue(const conn_t *c);
 
 /* ---- groups: the reactors of one process ---- */
 
@@ -294,8 +322,11 @@ void reactor_defer_io(reactor_group_t *g, sock_uuid_t uuid,
                       void (*fn)(conn_t *c, void *a), void *a);
 
 /* Runs fn(c, a) for every open connection of `service` on each reactor of
- * the group, on that reactor's thread. Any thread. */
-void reactor_each(reactor_group_t *g, void *service,
-                  void (*fn)(conn_t *c, void *a), void *a);
+ * the group, on that reactor's thread. Returns how many reactors will run
+ * it: g->n, or fewer when memory ran out (0 if the tasks could not all be
+ * made: then none runs), so a caller that must reach every connection can
+ * tell it did not. Any thread. */
+size_t reactor_each(reactor_group_t *g, void *service,
+                    void (*fn)(conn_t *c, void *a), void *a);
 
 #endif

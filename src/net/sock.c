@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* sock: the uuid table, socket set-up calls and the write queue. */
 #include "net/sock.h"
 
@@ -224,6 +226,12 @@ static int sock__unix_addr(const char *path, struct sockaddr_un *sa) {
   if (strlen(path) >= sizeof(sa->sun_path)) return -ENAMETOOLONG;
   strcpy(sa->sun_path, path);
   return 0;
+}
+
+int sock_unbound(bool unix_domain) {
+  int fd = socket(unix_domain ? AF_UNIX : AF_INET,
+                  SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  return fd < 0 ? -errno : fd;
 }
 
 int sock_listen_unix(const char *path, int backlog) {
@@ -619,5 +627,18 @@ int sock_wq_flush(int fd, sock_wq_t *wq) {
     }
     sock_wq_consume(wq, (size_t)n);
   }
+  return 0;
+}
+
+int sock_keepalive(int fd, int secs) {
+  if (secs <= 0) return 0;
+  int on = 1, cnt = 3, intvl = secs / 3 > 0 ? secs / 3 : 1;
+  unsigned user_ms = (unsigned)secs * 2000u;
+  if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &secs, sizeof(secs)) ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl)) ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt)) ||
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms)))
+    return -errno;
   return 0;
 }

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* sock: connection uuids, non-blocking socket calls and the per-connection
  * write queue. Knows nothing of events or Lua. */
 #ifndef MP_SOCK_H
@@ -69,11 +71,22 @@ int sock_listen_tcp_shared(const char *host, int port, int backlog);
  * host:port already (another server's group too, which a plain
  * SO_REUSEPORT bind would join and split connections with). */
 int sock_listen_tcp_group(const char *host, int port, int backlog);
+/* A stream socket (TCP, or Unix with `unix`) that is neither bound nor
+ * listening: what moonport --check hands a listener, so the script's
+ * top level runs without taking a port. */
+int sock_unbound(bool unix_domain);
 /* Unix listener at `path`. A stale socket file (nobody accepts on it) is
  * replaced; a live one gives -EADDRINUSE. */
 int sock_listen_unix(const char *path, int backlog);
 /* The port a TCP listener is bound to, or a negative errno. */
 int sock_local_port(int fd);
+/* TCP keepalive on a connected (or connecting) socket, so a peer that
+ * vanished without a FIN or RST (a host that went down, a dropped route)
+ * is found: probes after `secs` idle, then every secs/3 (at least 1 s),
+ * 3 unanswered ones close it; and TCP_USER_TIMEOUT at 2 * secs, so data
+ * left unacknowledged that long closes it too (ETIMEDOUT). secs <= 0
+ * leaves the socket as it is. 0 or a negative errno. Any thread. */
+int sock_keepalive(int fd, int secs);
 /* Accepts one connection (TCP_NODELAY set for TCP), or -EAGAIN. */
 int sock_accept(int listen_fd);
 /* Starts a connection. *done is true when it completed at once, false

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* tls: OpenSSL 3 under a connection, through a BIO of our own (see
  * tls.h). The BIO reads from the bytes the reactor fed and writes records
  * to the reactor's out function, so OpenSSL never makes a system call. */
@@ -12,7 +14,9 @@
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <arpa/inet.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,16 +24,104 @@
 #include <time.h>
 #include <unistd.h>
 
+/* ---- the process: OpenSSL, the ticket ratchet, our BIO type ---- */
 
-/* ---- the process: OpenSSL, the ticket secret, our BIO type ---- */
-
-/* Ticket keys are derived from this secret and the period number, so
- * every process forked from the one that made it derives the same keys
- * without talking to the others, and keys rotate without a message. */
-static unsigned char tls_ticket_secret[32];
+/* Session-ticket keys come from a forward-only ratchet: the secret of
+ * period p+1 is HMAC(secret of p, "next"), and the old one is erased.
+ * Every process forked from the root starts from the secret of the
+ * period it was forked in (the root moves its own on before each fork)
+ * and moves forward by the clock alone, so all workers agree without a
+ * message. A process keeps only the current secret and the previous
+ * period's base key (tickets are taken for two periods): memory read from
+ * a worker decrypts the tickets of those two periods and of the periods
+ * after, until a reload, which starts a fresh random secret
+ * (net_tls_reseed), but never a ticket from before the previous period.
+ * The state lives in a page of its own kept out of core dumps. */
+typedef struct {
+  pthread_mutex_t lock;
+  uint64_t period;             /* the period `secret` is for */
+  unsigned char secret[32];    /* S_period */
+  unsigned char prev_base[32]; /* the base key of period - 1 */
+  bool have_prev;
+  uint64_t seeds; /* bumped by every seed: older cached keys are stale */
+} tls_ratchet_t;
+static tls_ratchet_t *tls_ratchet;
 static BIO_METHOD *tls_bio_method;
 static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 static int tls_init_rc;
+
+/* A page (or more) of memory kept out of core dumps, or NULL. */
+static void *tls__secret_page(size_t size) {
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  (void)madvise(p, size, MADV_DONTDUMP); /* best effort: old kernels */
+  return p;
+}
+
+static void tls__secret_unmap(void *p, size_t size) {
+  if (!p) return;
+  OPENSSL_cleanse(p, size);
+  munmap(p, size);
+}
+
+/* HMAC-SHA256(key, label || extra) into out (32 bytes); false on failure. */
+static bool tls__hmac(const unsigned char key[32], const char *label,
+                      const unsigned char *extra, size_t extra_len,
+                      unsigned char out[32]) {
+  unsigned char msg[96];
+  size_t n = strlen(label);
+  if (n + extra_len > sizeof(msg)) return false;
+  memcpy(msg, label, n);
+  if (extra_len) memcpy(msg + n, extra, extra_len);
+  unsigned int outlen = 32;
+  bool ok = HMAC(EVP_sha256(), key, 32, msg, n + extra_len, out, &outlen) &&
+            outlen == 32;
+  OPENSSL_cleanse(msg, sizeof(msg));
+  return ok;
+}
+
+static uint64_t tls__period_now(void) {
+  return (uint64_t)time(NULL) / NET_TLS_TICKET_PERIOD;
+}
+
+/* Moves the ratchet to period `now` (lock held); never backwards. */
+static bool tls__advance(uint64_t now) {
+  tls_ratchet_t *r = tls_ratchet;
+  while (r->period < now) {
+    unsigned char next[32];
+    if (!tls__hmac(r->secret, "moonport base", NULL, 0, r->prev_base) ||
+        !tls__hmac(r->secret, "moonport next", NULL, 0, next)) {
+      OPENSSL_cleanse(next, sizeof(next));
+      return false;
+    }
+    memcpy(r->secret, next, sizeof(next));
+    OPENSSL_cleanse(next, sizeof(next));
+    r->have_prev = true;
+    r->period++;
+  }
+  return true;
+}
+
+/* A fresh random secret for this period (lock held); the old state is
+ * erased. */
+static bool tls__seed(void) {
+  tls_ratchet_t *r = tls_ratchet;
+  OPENSSL_cleanse(r->prev_base, sizeof(r->prev_base));
+  r->have_prev = false;
+  r->period = tls__period_now();
+  r->seeds++;
+  return RAND_priv_bytes(r->secret, sizeof(r->secret)) == 1;
+}
+
+/* Before a fork the parent moves on to this period, so a child never
+ * holds an older secret; the lock is held across the fork. */
+static void tls__fork_prepare(void) {
+  pthread_mutex_lock(&tls_ratchet->lock);
+  (void)tls__advance(tls__period_now());
+}
+static void tls__fork_parent(void) { pthread_mutex_unlock(&tls_ratchet->lock); }
+static void tls__fork_child(void) { pthread_mutex_unlock(&tls_ratchet->lock); }
 
 static int tls__bio_write(BIO *b, const char *data, int len);
 static int tls__bio_read(BIO *b, char *buf, int len);
@@ -39,7 +131,9 @@ static void tls__init_once(void) {
   if (OPENSSL_init_ssl(OPENSSL_INIT_LOAD_SSL_STRINGS |
                            OPENSSL_INIT_LOAD_CRYPTO_STRINGS,
                        NULL) != 1 ||
-      RAND_bytes(tls_ticket_secret, sizeof(tls_ticket_secret)) != 1) {
+      !(tls_ratchet = tls__secret_page(sizeof(*tls_ratchet))) ||
+      pthread_mutex_init(&tls_ratchet->lock, NULL) != 0 || !tls__seed() ||
+      pthread_atfork(tls__fork_prepare, tls__fork_parent, tls__fork_child)) {
     tls_init_rc = -EIO;
     return;
   }
@@ -56,6 +150,15 @@ static void tls__init_once(void) {
 int net_tls_global_init(void) {
   pthread_once(&tls_once, tls__init_once);
   return tls_init_rc;
+}
+
+int net_tls_reseed(void) {
+  int rc = net_tls_global_init();
+  if (rc) return rc;
+  pthread_mutex_lock(&tls_ratchet->lock);
+  rc = tls__seed() ? 0 : -EIO;
+  pthread_mutex_unlock(&tls_ratchet->lock);
+  return rc;
 }
 
 /* The most telling error on OpenSSL's queue as "what: reason": the first
@@ -101,75 +204,101 @@ static const char tls_ciphers12[] =
     "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
     "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
 
-/* HMAC-SHA256(secret, label || period) into out (32 bytes). */
-static void tls__derive(const char *label, uint64_t period,
-                        unsigned char out[32]) {
-  unsigned char msg[32];
-  size_t n = strlen(label);
-  memcpy(msg, label, n);
-  for (int i = 0; i < 8; i++) msg[n + (size_t)i] = (unsigned char)(period >> (8 * i));
-  unsigned int outlen = 32;
-  HMAC(EVP_sha256(), tls_ticket_secret, sizeof(tls_ticket_secret), msg, n + 8,
-       out, &outlen);
-}
-
-/* A period's ticket keys, derived once per period and thread (three
- * HMACs, each a trip through OpenSSL 3's fetching, were a few per cent of
- * a handshake): the current and the last period's. */
+/* A certificate's ticket keys for the current and the last period, in
+ * a page of their own (tls__secret_page), made under the ratchet's lock
+ * from that period's base key and the certificate's session id context:
+ * a ticket one certificate issued does not even decrypt under another. */
 typedef struct {
-  uint64_t period;
+  uint64_t period, seed; /* the period, and the ratchet's seeds then */
   bool set;
   unsigned char name[32], aes[32], mac[32];
 } tls_keys_t;
-static __thread tls_keys_t tls_keys[2];
+typedef struct {
+  tls_keys_t keys[2];
+  unsigned char sid[32]; /* the session id context */
+} tls_cert_keys_t;
 
-static const tls_keys_t *tls__keys(uint64_t period) {
-  tls_keys_t *k = &tls_keys[period & 1];
-  if (!k->set || k->period != period) {
-    tls__derive("moonport name", period, k->name);
-    tls__derive("moonport aes", period, k->aes);
-    tls__derive("moonport mac", period, k->mac);
-    k->period = period;
-    k->set = true;
+/* Copies certificate ck's keys for `period` into out (lock taken here).
+ * False when that period's key is gone (older than the last period, or a
+ * clock that went back) or a derivation failed. */
+static bool tls__keys(tls_cert_keys_t *ck, uint64_t period, tls_keys_t *out) {
+  tls_ratchet_t *r = tls_ratchet;
+  bool ok = false;
+  pthread_mutex_lock(&r->lock);
+  tls_keys_t *k = &ck->keys[period & 1];
+  if (tls__advance(tls__period_now())) {
+    if (k->set && k->period == period && k->seed == r->seeds) {
+      ok = true;
+    } else {
+      unsigned char base[32];
+      bool have = true;
+      if (period == r->period)
+        have = tls__hmac(r->secret, "moonport base", NULL, 0, base);
+      else if (period + 1 == r->period && r->have_prev)
+        memcpy(base, r->prev_base, sizeof(base));
+      else
+        have = false;
+      ok = have && tls__hmac(base, "moonport name", ck->sid, 32, k->name) &&
+           tls__hmac(base, "moonport aes", ck->sid, 32, k->aes) &&
+           tls__hmac(base, "moonport mac", ck->sid, 32, k->mac);
+      OPENSSL_cleanse(base, sizeof(base));
+      k->set = ok;
+      k->period = period;
+      k->seed = r->seeds;
+    }
   }
-  return k;
+  if (ok) *out = *k;
+  pthread_mutex_unlock(&r->lock);
+  return ok;
 }
 
 /* Session tickets: encrypted with this period's key, taken with this
  * period's or the last one's, and every resumption gets a new one. The key
- * name says which period made it. */
+ * name says which period (and certificate) made it. */
 static int tls__ticket_cb(SSL *s, unsigned char key_name[16],
                           unsigned char *iv, EVP_CIPHER_CTX *cctx,
                           EVP_MAC_CTX *hctx, int enc) {
-  (void)s;
-  uint64_t now = (uint64_t)time(NULL) / NET_TLS_TICKET_PERIOD;
-  const tls_keys_t *k = tls__keys(now);
+  tls_cert_keys_t *ck = SSL_CTX_get_app_data(SSL_get_SSL_CTX(s));
+  if (!ck) return enc ? -1 : 0;
+  uint64_t now = tls__period_now();
+  tls_keys_t k;
+  int rc = enc ? 1 : 2;
   if (!enc) {
-    if (memcmp(k->name, key_name, 16) != 0) {
-      k = tls__keys(now - 1);
-      if (memcmp(k->name, key_name, 16) != 0) return 0; /* unknown: full */
+    if (!tls__keys(ck, now, &k) || memcmp(k.name, key_name, 16) != 0) {
+      if (!tls__keys(ck, now - 1, &k) || memcmp(k.name, key_name, 16) != 0) {
+        rc = 0; /* unknown: a full handshake */
+        goto out;
+      }
     }
   } else {
-    memcpy(key_name, k->name, 16);
-    if (RAND_bytes(iv, EVP_MAX_IV_LENGTH) != 1) return -1;
+    if (!tls__keys(ck, now, &k)) {
+      rc = -1;
+      goto out;
+    }
+    memcpy(key_name, k.name, 16);
+    if (RAND_bytes(iv, EVP_MAX_IV_LENGTH) != 1) {
+      rc = -1;
+      goto out;
+    }
   }
-  unsigned char mac[32];
-  memcpy(mac, k->mac, sizeof(mac)); /* the param wants a non-const key */
   OSSL_PARAM params[] = {
-      OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_KEY, mac, sizeof(mac)),
+      OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_KEY, k.mac,
+                                        sizeof(k.mac)),
       OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, "SHA256", 0),
       OSSL_PARAM_construct_end()};
   if (enc) {
-    if (EVP_EncryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, k->aes, iv) != 1)
-      return -1;
-  } else if (EVP_DecryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, k->aes, iv) !=
+    if (EVP_EncryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, k.aes, iv) != 1)
+      rc = -1;
+  } else if (EVP_DecryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, k.aes, iv) !=
              1) {
-    return -1;
+    rc = -1;
   }
-  if (EVP_MAC_CTX_set_params(hctx, params) != 1) return -1;
+  if (rc != -1 && EVP_MAC_CTX_set_params(hctx, params) != 1) rc = -1;
   /* 2 on a decrypt: take it, and send a fresh ticket, so a client that
    * resumed can resume again (TLS 1.3 clients use a ticket once) */
-  return enc ? 1 : 2;
+out:
+  OPENSSL_cleanse(&k, sizeof(k));
+  return rc;
 }
 
 /* SNI: a name a certificate lists switches the connection to it; any
@@ -235,10 +364,9 @@ static int tls__alpn_cb(SSL *s, const unsigned char **out,
                         unsigned char *outlen, const unsigned char *in,
                         unsigned int inlen, void *arg) {
   (void)s;
-  (void)arg;
-  static const unsigned char ours[] = "\x08http/1.1";
+  const unsigned char *ours = arg; /* the listener's list, wire format */
   unsigned char *sel;
-  if (SSL_select_next_proto(&sel, outlen, ours, sizeof(ours) - 1, in,
+  if (SSL_select_next_proto(&sel, outlen, ours, (unsigned)strlen(arg), in,
                             inlen) != OPENSSL_NPN_NEGOTIATED)
     return SSL_TLSEXT_ERR_NOACK; /* h2 only, say: go on without ALPN */
   *out = sel;
@@ -261,7 +389,7 @@ static bool tls__common(SSL_CTX *ctx) {
 }
 
 static SSL_CTX *tls__server_one(const net_tls_cert_t *ct, net_tls_ctx_t *c,
-                                bool alpn, char *err, size_t errlen) {
+                                const char *alpn, char *err, size_t errlen) {
   SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
   if (!ctx || !tls__common(ctx)) {
     tls__errstr(err, errlen, "tls: cannot make a context");
@@ -310,22 +438,44 @@ static SSL_CTX *tls__server_one(const net_tls_cert_t *ct, net_tls_ctx_t *c,
              ct->key, ct->cert);
     goto fail;
   }
+  /* A session belongs to the certificate that made it (RFC 6066, 3: not
+   * resumed under another name's certificate; see tls__hello_cb) and to
+   * the kind of listener (mp.http's, with ALPN, or mp.listen's): its id
+   * context is a digest of the leaf certificate and that, the same in
+   * every worker and after a reload, different for every other
+   * certificate, and the ticket keys are derived from it. */
+  tls_cert_keys_t *ck = tls__secret_page(sizeof(*ck));
+  X509 *leaf = SSL_CTX_get0_certificate(ctx);
+  unsigned char *der = NULL;
+  int derlen = leaf ? i2d_X509(leaf, &der) : -1;
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  unsigned int mdlen = 0;
+  bool sid_ok =
+      ck && derlen > 0 && md &&
+      EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
+      EVP_DigestUpdate(md, alpn ? "moonport http" : "moonport tcp", 13) == 1 &&
+      EVP_DigestUpdate(md, der, (size_t)derlen) == 1 &&
+      EVP_DigestFinal_ex(md, ck->sid, &mdlen) == 1 && mdlen == 32 &&
+      SSL_CTX_set_session_id_context(ctx, ck->sid, 32) == 1 &&
+      SSL_CTX_set_app_data(ctx, ck) == 1;
+  EVP_MD_CTX_free(md);
+  OPENSSL_free(der);
+  if (!sid_ok) {
+    tls__secret_unmap(ck, sizeof(*ck));
+    snprintf(what, sizeof(what), "tls: certificate %s: no session context",
+             ct->cert);
+    goto fail;
+  }
   SSL_CTX_set_tlsext_ticket_key_evp_cb(ctx, tls__ticket_cb);
   SSL_CTX_set_timeout(ctx, 2 * NET_TLS_TICKET_PERIOD);
   /* Tickets only: no per-process session cache a ticket-less client would
    * need to come back to the same worker for. */
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   SSL_CTX_set_num_tickets(ctx, 1);
-  /* A session belongs to the certificate that made it (RFC 6066, 3: not
-   * resumed under another name's certificate): see tls__hello_cb. */
-  unsigned char sid[32];
-  int sidlen = snprintf((char *)sid, sizeof(sid), "moonport cert %zu",
-                        c->ncerts - 1);
-  SSL_CTX_set_session_id_context(ctx, sid, (unsigned)sidlen);
   SSL_CTX_set_client_hello_cb(ctx, tls__hello_cb, c);
   SSL_CTX_set_tlsext_servername_callback(ctx, tls__sni_cb);
   SSL_CTX_set_tlsext_servername_arg(ctx, c);
-  if (alpn) SSL_CTX_set_alpn_select_cb(ctx, tls__alpn_cb, NULL);
+  if (alpn) SSL_CTX_set_alpn_select_cb(ctx, tls__alpn_cb, (void *)alpn);
   return ctx;
 fail:
   tls__errstr(err, errlen, what);
@@ -335,6 +485,9 @@ fail:
 
 static void tls__ctx_free(net_tls_ctx_t *c) {
   for (size_t i = 0; i < c->ncerts; i++) {
+    if (c->certs[i].ctx)
+      tls__secret_unmap(SSL_CTX_get_app_data(c->certs[i].ctx),
+                        sizeof(tls_cert_keys_t));
     SSL_CTX_free(c->certs[i].ctx);
     for (size_t k = 0; k < c->certs[i].nnames; k++) free(c->certs[i].names[k]);
     free(c->certs[i].names);
@@ -346,6 +499,13 @@ static void tls__ctx_free(net_tls_ctx_t *c) {
 
 net_tls_ctx_t *net_tls_server_ctx(const net_tls_cert_t *certs, size_t n,
                                   bool alpn_http, char *err, size_t errlen) {
+  return net_tls_server_ctx_alpn(certs, n, alpn_http ? "\x08http/1.1" : NULL,
+                                 err, errlen);
+}
+
+net_tls_ctx_t *net_tls_server_ctx_alpn(const net_tls_cert_t *certs, size_t n,
+                                       const char *alpn, char *err,
+                                       size_t errlen) {
   if (net_tls_global_init()) {
     snprintf(err, errlen, "tls: OpenSSL did not start");
     return NULL;
@@ -366,7 +526,7 @@ net_tls_ctx_t *net_tls_server_ctx(const net_tls_cert_t *certs, size_t n,
   for (size_t i = 0; i < n; i++) {
     tls_cert_ctx_t *cc = &c->certs[i];
     c->ncerts = i + 1;
-    cc->ctx = tls__server_one(&certs[i], c, alpn_http, err, errlen);
+    cc->ctx = tls__server_one(&certs[i], c, alpn, err, errlen);
     if (!cc->ctx) goto fail;
     if (certs[i].nnames) {
       cc->names = calloc(certs[i].nnames, sizeof(char *));
@@ -530,8 +690,12 @@ static long tls__bio_ctrl(BIO *b, int cmd, long num, void *ptr) {
   }
 }
 
+/* An address is what inet_pton reads as one (the dotted quad, or IPv6):
+ * "127.1", "2130706433" or "127.0.0.1." are names to it, and are checked
+ * as names (which no certificate's DNS entry will match). */
 static bool tls__is_ip(const char *h) {
-  return strchr(h, ':') || strspn(h, "0123456789.") == strlen(h);
+  unsigned char a[16];
+  return inet_pton(AF_INET, h, a) == 1 || inet_pton(AF_INET6, h, a) == 1;
 }
 
 net_tls_t *net_tls_new(net_tls_ctx_t *ctx, const char *host,
@@ -559,13 +723,19 @@ net_tls_t *net_tls_new(net_tls_ctx_t *ctx, const char *host,
   } else {
     SSL_set_connect_state(t->ssl);
     if (host && *host) {
-      bool ip = tls__is_ip(host);
-      if (!ip) SSL_set_tlsext_host_name(t->ssl, host);
-      if (SSL_get_verify_mode(t->ssl) & SSL_VERIFY_PEER) {
-        if (ip)
-          X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), host);
-        else
-          SSL_set1_host(t->ssl, host);
+      /* A name we cannot check fails the connection at its first read:
+       * the chain alone says nothing about whom we reached. */
+      bool ip = tls__is_ip(host), ok = true;
+      if (!ip) ok = SSL_set_tlsext_host_name(t->ssl, host) == 1;
+      if (ok && (SSL_get_verify_mode(t->ssl) & SSL_VERIFY_PEER))
+        ok = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), host) ==
+                      1
+                : SSL_set1_host(t->ssl, host) == 1;
+      if (!ok) {
+        ERR_clear_error();
+        t->failed = true;
+        snprintf(t->err, sizeof(t->err), "tls: cannot check the name %.80s",
+                 host);
       }
     }
   }

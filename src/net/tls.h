@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* tls: the TLS record layer of a connection, over OpenSSL 3, as a
  * transport the reactor puts under a connection (net/reactor.h,
  * conn_opts_t.tls). It never touches a socket: the reactor feeds it the
@@ -22,12 +24,17 @@
 typedef struct net_tls_ctx net_tls_ctx_t;
 typedef struct net_tls net_tls_t;
 
-/* The process-wide start: OpenSSL's, and the secret the session-ticket
- * keys are derived from. Call once in the first process before it forks
- * (the root), so every worker forked from it, now or after a reload,
- * derives the same ticket keys and a session resumes on any of them.
- * Returns 0 or a negative errno. Idempotent. */
+/* The process-wide start: OpenSSL's, and the ticket ratchet the
+ * session-ticket keys come from (tls.c says what a worker's memory still
+ * yields). Call once in the first process before it forks (the root), so
+ * every worker forked from it derives the same ticket keys and a session
+ * resumes on any of them. Returns 0 or a negative errno. Idempotent. */
 int net_tls_global_init(void);
+
+/* A fresh random ticket secret for the workers forked from now on (the
+ * root, at a reload): tickets issued before it no longer resume there.
+ * 0 or a negative errno. Any thread. */
+int net_tls_reseed(void);
 
 /* ---- contexts ---- */
 
@@ -49,6 +56,12 @@ typedef struct {
  * file and the reason in err. Any thread. */
 net_tls_ctx_t *net_tls_server_ctx(const net_tls_cert_t *certs, size_t n,
                                   bool alpn_http, char *err, size_t errlen);
+/* The same, offering the protocols of `alpn` by ALPN (the wire format:
+ * each name after its length byte, our preference first; NULL: no ALPN),
+ * which must outlive the context. */
+net_tls_ctx_t *net_tls_server_ctx_alpn(const net_tls_cert_t *certs, size_t n,
+                                       const char *alpn, char *err,
+                                       size_t errlen);
 
 #define NET_TLS_TICKET_PERIOD 3600
 

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* uring: the reactor's send list and reads ahead over one io_uring batch;
  * see uring.h. */
 #include "net/uring.h"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* uring: the reactor's io_uring batching behind a handful of functions.
  *
  * Two uses of one ring (net/batch.h) per reactor:

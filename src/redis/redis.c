@@ -1,6 +1,9 @@
+/* SPDX-License-Identifier: MIT */
+
 /* redis: hiredis connections on a moonport reactor, and the pub/sub
  * engine. */
 #include "redis/redis.h"
+#include "net/sock.h"
 
 #include <errno.h>
 #include <hiredis/sds.h>
@@ -41,8 +44,8 @@ static bool redis__unescape(const char *s, size_t n, char *out, size_t cap) {
   return true;
 }
 
-/* rediss:// query parameters: verify=0|1 (also false/true, no/yes),
- * ca=, cert=, key=, sni= (%-decoded). */
+/* Query parameters: keepalive=SECS; rediss:// also verify=0|1 (also
+ * false/true, no/yes), ca=, cert=, key=, sni= (%-decoded). */
 static int redis__query(const char *q, redis_url_t *u, char *err,
                         size_t errlen) {
   while (*q) {
@@ -69,6 +72,8 @@ static int redis__query(const char *q, redis_url_t *u, char *err,
       dst = u->sni, cap = sizeof(u->sni);
     } else if (klen == 6 && !memcmp(q, "verify", 6)) {
       dst = vb, cap = sizeof(vb);
+    } else if (klen == 9 && !memcmp(q, "keepalive", 9)) {
+      dst = vb, cap = sizeof(vb);
     } else {
       snprintf(err, errlen, "unknown query parameter in the Redis URL: %.*s",
                (int)klen, q);
@@ -79,7 +84,16 @@ static int redis__query(const char *q, redis_url_t *u, char *err,
                (int)klen, q);
       return -1;
     }
-    if (dst == vb) {
+    if (dst == vb && klen == 9) {
+      char *e;
+      long secs = strtol(vb, &e, 10);
+      if (!vb[0] || *e || secs < 0 || secs > 86400) {
+        snprintf(err, errlen,
+                 "keepalive= takes 0 to 86400 seconds in the Redis URL");
+        return -1;
+      }
+      u->keepalive = (int)secs;
+    } else if (dst == vb) {
       if (!strcmp(vb, "0") || !strcmp(vb, "false") || !strcmp(vb, "no"))
         u->verify = false;
       else if (!strcmp(vb, "1") || !strcmp(vb, "true") || !strcmp(vb, "yes"))
@@ -99,24 +113,90 @@ static int redis__query(const char *q, redis_url_t *u, char *err,
   return 0;
 }
 
+/* unix://[[user:]password@]/path[?db=N]: p is past "unix://". */
+static int redis__unix_url(const char *s, const char *p, redis_url_t *u,
+                           char *err, size_t errlen) {
+  const char *slash = strchr(p, '/');
+  if (!slash) {
+    snprintf(err, errlen,
+             "a unix:// Redis URL needs an absolute path "
+             "(unix:///run/redis/redis.sock), not '%s'",
+             s);
+    return -1;
+  }
+  if (slash > p) { /* a password before the path */
+    if (slash[-1] != '@') {
+      snprintf(err, errlen,
+               "a unix:// Redis URL takes no host, only "
+               "[password@]/path: '%s'",
+               s);
+      return -1;
+    }
+    const char *colon = memchr(p, ':', (size_t)(slash - 1 - p));
+    const char *pw = colon ? colon + 1 : p;
+    if (!redis__unescape(pw, (size_t)(slash - 1 - pw), u->password,
+                         sizeof(u->password))) {
+      snprintf(err, errlen, "bad password in the Redis URL");
+      return -1;
+    }
+  }
+  size_t plen = strcspn(slash, "?");
+  if (plen >= sizeof(u->path)) {
+    snprintf(err, errlen,
+             "Unix socket path too long in the Redis URL "
+             "(at most %zu bytes)",
+             sizeof(u->path) - 1);
+    return -1;
+  }
+  memcpy(u->path, slash, plen);
+  snprintf(u->host, sizeof(u->host), "%s", u->path);
+  u->port = 0;
+  const char *q = slash + plen;
+  if (*q == '?') {
+    char *e;
+    if (strncmp(q + 1, "db=", 3) != 0 || !q[4]) goto bad_query;
+    long db = strtol(q + 4, &e, 10);
+    if (*e || db < 0 || db > 1 << 20) goto bad_query;
+    u->db = (int)db;
+  }
+  return 0;
+bad_query:
+  snprintf(err, errlen, "a unix:// Redis URL takes only ?db=N: '%s'", s);
+  return -1;
+}
+
+const char *redis_url_where(const redis_url_t *u, char *buf, size_t len) {
+  if (u->path[0])
+    snprintf(buf, len, "unix:%s", u->path);
+  else
+    snprintf(buf, len, "%s:%d", u->host, u->port);
+  return buf;
+}
+
 int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen) {
   memset(u, 0, sizeof(*u));
   u->port = 6379;
   u->verify = true;
+  u->keepalive = REDIS_KEEPALIVE;
   const char *p = s;
   if (strncmp(p, "rediss://", 9) == 0) {
     u->tls = true;
     p += 9;
   } else if (strncmp(p, "redis://", 8) == 0) {
     p += 8;
+  } else if (strncmp(p, "unix://", 7) == 0) {
+    return redis__unix_url(s, p + 7, u, err, errlen);
   } else {
-    snprintf(err, errlen, "'%s' is not a redis:// URL", s);
+    snprintf(err, errlen, "'%s' is not a redis://, rediss:// or unix:// URL",
+             s);
     return -1;
   }
   /* rediss: the query is TLS's, and may hold an '@' (in a file name); a
    * password with '?' is written %3F there. */
   const char *query = u->tls ? strchr(p, '?') : NULL;
   const char *at = query ? memrchr(p, '@', (size_t)(query - p)) : strrchr(p, '@');
+  /* redis://: a query after the password (which may hold a '?') */
+  if (!u->tls) query = strchr(at ? at : p, '?');
   if (at) {
     const char *colon = memchr(p, ':', (size_t)(at - p));
     const char *pw = colon ? colon + 1 : p; /* user:password, or password */
@@ -164,6 +244,11 @@ int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen) {
     u->db = (int)db;
   }
   if (query && redis__query(query + 1, u, err, errlen)) return -1;
+  if (!u->tls && (u->ca[0] || u->cert[0] || u->sni[0] || !u->verify)) {
+    snprintf(err, errlen,
+             "ca=, cert=, key=, sni= and verify= are for rediss:// URLs");
+    return -1;
+  }
   return 0;
 bad_host:
   snprintf(err, errlen, "host name too long in the Redis URL");
@@ -202,6 +287,15 @@ struct redis_link {
    * replies come back NULL because it never got through (see
    * redis_link_connect_timed_out). */
   bool timing_out;
+  /* Freed from inside its connect timer's callback: the timer is part of
+   * the link, so the heap's on_finish frees it once done with it. */
+  bool free_after_timer;
+  /* A ref on the stopping loop while hiredis has output (redis__set). */
+  bool holding;
+  /* The engine's publisher: held too while replies are due, so that over
+   * rediss:// a publish from a stop handler has gone through the pipe to
+   * Redis (not only into the local socket) before the loop ends. */
+  bool hold_replies;
   /* Calls into hiredis under way: hiredis may call back into the user of
    * the link (a reply callback resumes Lua, which may free the link), so
    * the block stays until the outermost call has returned. */
@@ -224,6 +318,20 @@ struct redis_link {
 /* hiredis's adapter hooks. */
 static void redis__set(redis_link_t *l) {
   if (l->w) reactor_watch_set(l->w, l->want);
+  /* A stopping loop ends once nothing holds it; hiredis's output (a
+   * publish from a stop handler) would wait for a write event that never
+   * comes. Held while a link that is up has output (a link still
+   * connecting, Redis down, must not hold the exit), bounded by the
+   * loop's shutdown deadline. */
+  bool due = (l->want & POLL_WRITE) ||
+             (l->hold_replies && l->ac && l->ac->replies.head);
+  bool hold = l->w && l->up && due && reactor_stopping(l->r);
+  if (hold == l->holding) return;
+  l->holding = hold;
+  if (hold)
+    reactor_ref(l->r);
+  else
+    reactor_unref(l->r);
 }
 static void redis__add_read(void *d) {
   redis_link_t *l = d;
@@ -250,6 +358,7 @@ static void redis__cleanup(void *d) {
   if (l->w) reactor_unwatch(l->w);
   l->w = NULL;
   l->want = 0;
+  redis__set(l); /* lets go of a stopping loop */
 }
 
 /* Around every hiredis call that can run callbacks: a link freed from
@@ -279,6 +388,7 @@ static void redis__io(void *arg, unsigned events) {
     if (events & POLL_READ) redisAsyncHandleRead(ac);
     if (l->ac == ac && (events & POLL_WRITE)) redisAsyncHandleWrite(ac);
   }
+  if (l->ac == ac) redis__set(l); /* a reply came: replies due changed */
   redis__leave(l);
 }
 
@@ -304,9 +414,10 @@ static void redis__retry_later(redis_link_t *l) {
 static void redis__failed(redis_link_t *l, const char *what, const char *why) {
   if (redis__tls_stopping(l)) return;
   l->failures++;
+  char where[300];
   if (l->failures <= 3 || l->failures % 20 == 0)
-    log_error("%s: %s %s:%d: %s (attempt %u; retrying)", l->name, what,
-              l->u.host, l->u.port, why, l->failures);
+    log_error("%s: %s %s: %s (attempt %u; retrying)", l->name, what,
+              redis_url_where(&l->u, where, sizeof(where)), why, l->failures);
 }
 
 static void redis__went_down(redis_link_t *l) {
@@ -322,7 +433,10 @@ static void redis__ready(redis_link_t *l) {
   timer_stop(reactor_timers(l->r), &l->connect_timer);
   l->up = true;
   l->backoff = REDIS_BACKOFF_MIN_MS;
-  if (l->failures) log_warn("%s: connected to %s:%d", l->name, l->u.host, l->u.port);
+  char where[300];
+  if (l->failures)
+    log_warn("%s: connected to %s", l->name,
+             redis_url_where(&l->u, where, sizeof(where)));
   l->failures = 0;
   if (l->hooks.up) l->hooks.up(l, l->arg);
 }
@@ -345,9 +459,11 @@ static void redis__on_disconnect(const redisAsyncContext *ac, int status) {
   if (l->freeing) return;
   /* Over TLS the local socket's end says little: the pipe said why. */
   const char *why = l->tls_err[0] ? l->tls_err : ac->errstr;
+  char where[300];
   if (l->up && !redis__tls_stopping(l))
-    log_error("%s: lost the connection to %s:%d%s%s", l->name, l->u.host,
-              l->u.port, why[0] ? ": " : "", why);
+    log_error("%s: lost the connection to %s%s%s", l->name,
+              redis_url_where(&l->u, where, sizeof(where)), why[0] ? ": " : "",
+              why);
   else if (l->tls_err[0])
     redis__failed(l, "cannot connect (TLS) to", l->tls_err);
   l->tls_err[0] = 0;
@@ -400,6 +516,11 @@ static void redis__select_reply(redisAsyncContext *ac, void *r, void *priv) {
   redis__gate(l);
 }
 
+static void redis__connect_timer_done(mp_timer_t *t) {
+  redis_link_t *l = t->udata;
+  if (l->free_after_timer) free(l);
+}
+
 static void redis__connect_timeout(mp_timer_t *t) {
   redis_link_t *l = t->udata;
   redisAsyncContext *ac = l->ac;
@@ -409,7 +530,14 @@ static void redis__connect_timeout(mp_timer_t *t) {
   l->timing_out = true;
   redisAsyncFree(ac); /* pending replies come back as NULL: Lua may run */
   l->timing_out = false;
-  if (redis__leave(l) || l->freeing) return;
+  /* Lua that closed the client (r:close() after its "connect timeout")
+   * freed the link, and this timer with it, while the heap still holds
+   * the timer: not freed here but in redis__connect_timer_done. */
+  if (--l->depth == 0 && l->freeing) {
+    l->free_after_timer = true;
+    return;
+  }
+  if (l->freeing) return;
   redis__failed(l, "timed out connecting to", "no answer");
   redis__went_down(l);
 }
@@ -434,8 +562,8 @@ static void redis__connect(mp_timer_t *t) {
     if (ac && !ac->err &&
         redis_pipe_start(l->pipe, l->u.host, l->u.port, l->tls,
                          l->u.sni[0] ? l->u.sni : l->u.host,
-                         (uint32_t)l->connect_ms, redis__pipe_fail, l, err,
-                         sizeof(err))) {
+                         (uint32_t)l->connect_ms, l->u.keepalive,
+                         redis__pipe_fail, l, err, sizeof(err))) {
       redis__failed(l, "cannot connect (TLS) to", err);
       redisAsyncFree(ac);
       redis_pipe_detach(l->pipe);
@@ -447,8 +575,11 @@ static void redis__connect(mp_timer_t *t) {
       redis_pipe_detach(l->pipe);
       l->pipe = NULL;
     }
+  } else if (l->u.path[0]) {
+    ac = redisAsyncConnectUnix(l->u.path);
   } else {
     ac = redisAsyncConnect(l->u.host, l->u.port);
+    if (ac && !ac->err) (void)sock_keepalive(ac->c.fd, l->u.keepalive);
   }
   if (!ac) {
     redis__failed(l, "cannot connect to", "out of memory");
@@ -493,7 +624,8 @@ static void redis__connect(mp_timer_t *t) {
     l->gates++;
   }
   timer_start(reactor_timers(l->r), &l->connect_timer, reactor_now(l->r),
-              (uint64_t)l->connect_ms, 0, 1, redis__connect_timeout, NULL, l);
+              (uint64_t)l->connect_ms, 0, 1, redis__connect_timeout,
+              redis__connect_timer_done, l);
 }
 
 redis_link_t *redis_link_new(reactor_t *r, const redis_url_t *u,
@@ -600,6 +732,17 @@ struct redis_engine {
 
 static void redis__flush(redis_engine_t *e);
 
+/* Whether a publish may go to Redis now: both links up, no SUBSCRIBE
+ * unconfirmed. A publish sent while the subscriber link is still coming
+ * up (or back) would reach Redis before its re-SUBSCRIBEs: the server's
+ * own subscribers would miss it (a worker's first round trip through the
+ * root did, over a slow rediss:// start). So it waits, as for an
+ * unconfirmed SUBSCRIBE, and every server gets it. */
+static bool redis__may_publish(redis_engine_t *e) {
+  return e->sub_pending == 0 && redis_link_ctx(e->sub) &&
+         redis_link_ctx(e->pub);
+}
+
 size_t redis_ctx_unsent(const redisAsyncContext *ac) {
   return ac && ac->c.obuf ? sdslen(ac->c.obuf) : 0;
 }
@@ -659,13 +802,14 @@ static void redis__sub_one(const char *ch, size_t len, bool pattern,
 
 static void redis__sub_down(redis_link_t *l, void *arg) {
   redis_engine_t *e = arg;
-  e->sub_pending = 0; /* subscribed again when it is back */
-  redis__flush(e);
+  e->sub_pending = 0; /* subscribed again when it is back; publishes
+                       * wait for that (redis__may_publish) */
 }
 
 static void redis__sub_up(redis_link_t *l, void *arg) {
   redis_engine_t *e = arg;
   if (e->each) e->each(redis__sub_one, e, e->arg);
+  redis__flush(e); /* (waits for the SUBSCRIBEs just sent, if any) */
 }
 
 static void redis__pub_up(redis_link_t *l, void *arg) {
@@ -687,6 +831,7 @@ redis_engine_t *redis_engine_new(reactor_t *r, const redis_url_t *u,
                           (redis_link_hooks_t){redis__sub_up, redis__sub_down}, e);
   e->pub = redis_link_new(r, u, "redis (publisher)", 3000,
                           (redis_link_hooks_t){redis__pub_up, redis__pub_down}, e);
+  if (e->pub) e->pub->hold_replies = true;
   if (!e->sub || !e->pub) {
     redis_engine_free(e);
     return NULL;
@@ -759,7 +904,7 @@ static int redis__send(redis_engine_t *e, const char *ch, size_t clen,
 }
 
 static void redis__flush(redis_engine_t *e) {
-  if (e->sub_pending > 0 || !redis_link_ctx(e->pub)) return;
+  if (!redis__may_publish(e)) return;
   if (e->dropped) {
     log_error("redis: Redis was away; dropped the %zu oldest messages "
               "waiting to be published", e->dropped);
@@ -778,7 +923,8 @@ static void redis__flush(redis_engine_t *e) {
 
 void redis_engine_publish(redis_engine_t *e, const char *ch, size_t clen,
                           const char *msg, size_t mlen) {
-  if (!e->head && !e->sub_pending && redis__send(e, ch, clen, msg, mlen) == 0) {
+  if (!e->head && redis__may_publish(e) &&
+      redis__send(e, ch, clen, msg, mlen) == 0) {
     redis__gauge(e);
     return;
   }

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* redis: Redis connections driven by a moonport reactor (hiredis's async
  * API through its adapter hooks: no second event loop), and the pub/sub
  * engine that joins the post offices of several servers through one
@@ -17,20 +19,30 @@
  * the user being ignored: Redis 5 AUTH takes a password only), and
  * rediss://...[?verify=0&ca=FILE&sni=NAME&cert=FILE&key=FILE], the same
  * over TLS (redis_pipe.h): verified against the system's store, or `ca`,
- * for the host's name, or `sni`. Query values are %-decoded. */
+ * for the host's name, or `sni`. Query values are %-decoded. Both take
+ * keepalive=SECS (default REDIS_KEEPALIVE; 0: off): TCP keepalive and
+ * TCP_USER_TIMEOUT on the link (sock_keepalive), so a Redis that vanished
+ * is found in about 2 * SECS, not minutes. */
+#define REDIS_KEEPALIVE 15
 typedef struct {
   char host[256];
   int port;
+  char path[108]; /* unix:///path: the Unix socket ("" for TCP) */
   char password[256];
   int db;
   bool tls;
   bool verify;        /* tls: check the certificate (default) */
   char sni[256];      /* tls: the name sent and verified ("": the host) */
   char ca[512], cert[512], key[512]; /* tls: PEM files, or "" */
+  int keepalive;                     /* seconds (sock_keepalive); 0: off */
 } redis_url_t;
 
-/* 0, or -1 with a message in err. */
+/* 0, or -1 with a message in err. Also takes
+ * unix://[[user:]password@]/path/to/redis.sock[?db=N] (no TLS). */
 int redis_url_parse(const char *s, redis_url_t *u, char *err, size_t errlen);
+
+/* "host:port" or "unix:PATH", for log lines; returns buf. */
+const char *redis_url_where(const redis_url_t *u, char *buf, size_t len);
 
 /* A rediss:// URL's client context (a reference the caller drops), or
  * NULL with the reason in err (a file that doesn't load). Any thread. */

@@ -1,6 +1,9 @@
+/* SPDX-License-Identifier: MIT */
+
 /* redis_pipe: hiredis's plaintext through a TLS connection (see
  * redis_pipe.h). */
 #include "redis/redis_pipe.h"
+#include "net/sock.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -195,8 +198,9 @@ static const proto_t pipe__out_proto = {
 
 int redis_pipe_start(redis_pipe_t *p, const char *host, int port,
                      net_tls_ctx_t *ctx, const char *tls_host,
-                     uint32_t connect_ms, redis_pipe_fail_fn fail, void *arg,
-                     char *err, size_t errlen) {
+                     uint32_t connect_ms, int keepalive_s,
+                     redis_pipe_fail_fn fail, void *arg, char *err,
+                     size_t errlen) {
   /* hiredis's connect is in the backlog already (a Unix connect lands
    * there at once): take it now, and nothing else. */
   int fd = accept4(p->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -216,13 +220,15 @@ int redis_pipe_start(redis_pipe_t *p, const char *host, int port,
   }
   p->fail = fail;
   p->arg = arg;
-  conn_opts_t in_opts = {0};
+  /* Both ends outlive a shutdown's start: what the stop handlers send
+   * Redis goes through them (reactor.h). Not a client: not counted. */
+  conn_opts_t in_opts = {.internal = true, .outlive_shutdown = true};
   reactor_adopt(p->r, fd, &pipe__in_proto, p, in_opts); /* sets p->in */
   if (!p->in) {
     snprintf(err, errlen, "local socket: the loop refused it");
     return -1;
   }
-  conn_opts_t out_opts = {0};
+  conn_opts_t out_opts = {.outlive_shutdown = true};
   out_opts.tls = ctx;
   out_opts.tls_host = tls_host;
   int cerr = 0;
@@ -235,6 +241,8 @@ int redis_pipe_start(redis_pipe_t *p, const char *host, int port,
     reactor_conn_close(p->in, CONN_LOCAL);
     return -1;
   }
+  if (reactor_conn_fd(p->out) >= 0)
+    (void)sock_keepalive(reactor_conn_fd(p->out), keepalive_s);
   return 0;
 }
 

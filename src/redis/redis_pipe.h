@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* redis_pipe: TLS for a hiredis connection (rediss://). hiredis 0.14 has
  * neither TLS nor a way to hand it a socket of ours, but it reads and
  * writes its fd with plain read(2)/write(2): so it is given a local Unix
@@ -41,12 +43,14 @@ const char *redis_pipe_path(const redis_pipe_t *p);
 
 /* Takes the connection hiredis made to the path (the listener and the
  * directory go), and connects to host:port (an IP address) with TLS over
- * ctx (referenced by the connection), verifying tls_host. 0, or -1 with a
- * reason in err (the pipe still needs redis_pipe_detach). */
+ * ctx (referenced by the connection), verifying tls_host, with TCP
+ * keepalive after keepalive_s idle seconds (sock_keepalive; 0: off). 0,
+ * or -1 with a reason in err (the pipe still needs redis_pipe_detach). */
 int redis_pipe_start(redis_pipe_t *p, const char *host, int port,
                      net_tls_ctx_t *ctx, const char *tls_host,
-                     uint32_t connect_ms, redis_pipe_fail_fn fail, void *arg,
-                     char *err, size_t errlen);
+                     uint32_t connect_ms, int keepalive_s,
+                     redis_pipe_fail_fn fail, void *arg, char *err,
+                     size_t errlen);
 
 /* In a process forked from the pipe's: closes its sockets (the parent's
  * copies stay), frees nothing. NULL is a no-op. */

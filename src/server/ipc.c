@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* server/ipc: the root's and the workers' sides of their socketpairs
  * (see ipc.h): routing pub/sub frames between processes, a worker's READY,
  * the DRAIN that replaces it, and the watchdog's heartbeat. Moved here
@@ -11,10 +13,10 @@
 
 #include "cluster/cluster.h"
 #include "cluster/ipc.h"
+#include "cluster/link.h"
 #include "core/log.h"
+#include "lx/lx_engine.h"
 #include "server/ipc.h"
-#include "server/link.h"
-
 
 /* A worker's frames from the root. */
 static void srv__from_root(int type, unsigned flags, const char *ch,
@@ -26,8 +28,8 @@ static void srv__from_root(int type, unsigned flags, const char *ch,
              srv->worker_index, (int)getpid());
     for (size_t i = 0; i < srv->nlanes; i++) {
       lx_lane_post_reload(srv->lanes[i]);
-      reactor_drain(lx_lane_reactor(srv->lanes[i]), srv->drain_ms,
-                    srv->grace_ms);
+      reactor_drain(lx_lane_reactor(srv->lanes[i]), srv->proc.drain_ms,
+                    srv->proc.grace_ms);
     }
     return;
   }
@@ -59,7 +61,7 @@ static void srv__oversize(size_t body, size_t limit, void *arg) {
 }
 
 void server_ipc_feed(lx_server_t *srv, const char *data, size_t len) {
-  if (ipc_reader_feed(&srv->ipc_reader, data, len, srv__from_root,
+  if (ipc_reader_feed(&srv->proc.ipc_reader, data, len, srv__from_root,
                       srv__oversize, srv))
     log_error("pub/sub: out of memory reading from the root; a frame is lost");
 }
@@ -91,8 +93,8 @@ static void srv__root_frame(int type, unsigned flags, const char *ch,
   case IPC_READY:
   case IPC_BEAT:
   case IPC_STUCK:
-    if (srv->worker_news)
-      srv->worker_news(type, p->index, msg, mlen, srv->news_arg);
+    if (srv->proc.worker_news)
+      srv->proc.worker_news(type, p->index, msg, mlen, srv->proc.news_arg);
     return;
   case IPC_PUBLISH: break;
   default: return;
@@ -157,7 +159,7 @@ void server_root_deliver(int sink, pubsub_msg_t *m, void *arg) {
     lx_pubsub_deliver(0, m, srv);
     return;
   }
-  server_peer_t *p = &srv->peers[sink];
+  server_peer_t *p = &srv->proc.peers[sink];
   conn_t *c = p->uuid ? reactor_conn_find(lx_lane_reactor(srv->lanes[0]), p->uuid) : NULL;
   if (!c) return; /* between a worker's death and its replacement */
   char hdr[IPC_HEADER + LX_MAX_CHANNEL];
@@ -191,7 +193,7 @@ void server_root_deliver(int sink, pubsub_msg_t *m, void *arg) {
 
 void server_ipc_worker_started(int sink, int fd, void *arg) {
   lx_server_t *srv = arg;
-  server_peer_t *p = &srv->peers[sink];
+  server_peer_t *p = &srv->proc.peers[sink];
   p->srv = srv;
   p->index = sink;
   p->uuid = 0;
@@ -200,7 +202,8 @@ void server_ipc_worker_started(int sink, int fd, void *arg) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   conn_opts_t opts = {.timeout_ms = 0,
                       .write_limit = (size_t)64 << 20,
-                      .max_queue = (size_t)256 << 20};
+                      .max_queue = (size_t)256 << 20,
+                      .internal = true};
   reactor_adopt(lx_lane_reactor(srv->lanes[0]), fd, &srv_peer_proto, p, opts);
 }
 
@@ -211,7 +214,7 @@ void server_ipc_worker_exited(int sink, void *arg) {
 
 bool server_ipc_drain(int sink, void *arg) {
   lx_server_t *srv = arg;
-  server_peer_t *p = &srv->peers[sink];
+  server_peer_t *p = &srv->proc.peers[sink];
   conn_t *c = p->uuid ? reactor_conn_find(lx_lane_reactor(srv->lanes[0]), p->uuid) : NULL;
   char hdr[IPC_HEADER];
   ipc_header(hdr, IPC_DRAIN, 0, 0, 0);
@@ -219,55 +222,56 @@ bool server_ipc_drain(int sink, void *arg) {
 }
 
 void server_ipc_ready(lx_server_t *srv) {
-  if (srv->ipc_fd < 0) return;
-  pthread_mutex_lock(&srv->ipc_lock);
-  if (link_send(&srv->link, IPC_READY, 0, "", 0, NULL, 0))
+  if (srv->proc.ipc_fd < 0) return;
+  pthread_mutex_lock(&srv->proc.ipc_lock);
+  if (link_send(&srv->proc.link, IPC_READY, 0, "", 0, NULL, 0))
     log_error("cannot reach the root process: %s", strerror(errno));
-  pthread_mutex_unlock(&srv->ipc_lock);
+  pthread_mutex_unlock(&srv->proc.ipc_lock);
 }
 
 void server_ipc_watchdog(lx_server_t *srv) {
   uint64_t now = reactor_clock_ms();
-  for (size_t i = 0; srv->lua_timeout_ms && i < srv->nlanes; i++) {
+  for (size_t i = 0; srv->proc.lua_timeout_ms && i < srv->nlanes; i++) {
     lx_lane_t *ln = srv->lanes[i];
     const char *what;
     uint64_t since = lx_lane_busy(ln, &what);
-    if (!since || now + 1 - since <= srv->lua_timeout_ms) continue;
-    if (srv->stuck_told) return; /* no heartbeat either */
-    srv->stuck_told = true;
+    if (!since || now + 1 - since <= srv->proc.lua_timeout_ms) continue;
+    if (srv->proc.stuck_told) return; /* no heartbeat either */
+    srv->proc.stuck_told = true;
     char msg[160];
     int n = snprintf(msg, sizeof(msg), "lane %zu has been running %s for "
                      "%.1f s (over --lua-timeout)", i + 1,
                      what ? what : "Lua", (double)(now + 1 - since) / 1000);
-    if (srv->ipc_fd < 0) {
+    if (srv->proc.ipc_fd < 0) {
       log_error("%s; it serves nothing else until it returns", msg);
       return;
     }
-    pthread_mutex_lock(&srv->ipc_lock);
-    link_send(&srv->link, IPC_STUCK, 0, "", 0, msg, (size_t)n);
-    pthread_mutex_unlock(&srv->ipc_lock);
+    pthread_mutex_lock(&srv->proc.ipc_lock);
+    link_send(&srv->proc.link, IPC_STUCK, 0, "", 0, msg, (size_t)n);
+    pthread_mutex_unlock(&srv->proc.ipc_lock);
     return;
   }
-  srv->stuck_told = false;
+  srv->proc.stuck_told = false;
   /* Twice a second on the 250 ms tick, so that the gap the root sees stays
    * well under a --lua-timeout of 1 s even when a tick comes late (once a
    * second, gaps of up to 1.25 s made a healthy worker look hung). */
-  if (srv->ipc_fd < 0 || now - srv->beat_sent < 500) return;
-  srv->beat_sent = now;
-  pthread_mutex_lock(&srv->ipc_lock);
-  link_send(&srv->link, IPC_BEAT, 0, "", 0, NULL, 0);
-  pthread_mutex_unlock(&srv->ipc_lock);
+  if (srv->proc.ipc_fd < 0 || now - srv->proc.beat_sent < 500) return;
+  srv->proc.beat_sent = now;
+  pthread_mutex_lock(&srv->proc.ipc_lock);
+  link_send(&srv->proc.link, IPC_BEAT, 0, "", 0, NULL, 0);
+  pthread_mutex_unlock(&srv->proc.ipc_lock);
 }
 
 void server_ipc_free_peers(lx_server_t *srv) {
-  if (!srv->peers) return;
+  if (!srv->proc.peers) return;
   for (int i = 0; i < CLUSTER_SINKS(srv->nworkers); i++)
-    ipc_reader_deinit(&srv->peers[i].reader);
-  free(srv->peers);
-  srv->peers = NULL;
+    ipc_reader_deinit(&srv->proc.peers[i].reader);
+  free(srv->proc.peers);
+  srv->proc.peers = NULL;
 }
 
 server_peer_t *server_ipc_new_peers(lx_server_t *srv) {
-  srv->peers = calloc((size_t)CLUSTER_SINKS(srv->nworkers), sizeof(*srv->peers));
-  return srv->peers;
+  srv->proc.peers =
+      calloc((size_t)CLUSTER_SINKS(srv->nworkers), sizeof(*srv->proc.peers));
+  return srv->proc.peers;
 }

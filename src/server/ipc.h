@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* server/ipc: the frames between the root and its worker processes
  * (cluster/ipc.h) as moonport uses them: pub/sub routing, a worker's
  * READY, the DRAIN that replaces it, and the watchdog's BEAT and STUCK.
@@ -23,7 +25,7 @@ void server_ipc_feed(lx_server_t *srv, const char *data, size_t len);
 /* Tells the root this worker serves (IPC_READY). */
 void server_ipc_ready(lx_server_t *srv);
 /* The watchdog's check, about once a second: a lane whose callback runs
- * past srv->lua_timeout_ms is reported (a log line; in a worker also to
+ * past srv->proc.lua_timeout_ms is reported (a log line; in a worker also to
  * the root as IPC_STUCK, and the root replaces the worker); otherwise a
  * worker sends its heartbeat (IPC_BEAT). Also with one process (the log
  * line only). */

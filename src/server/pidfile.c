@@ -1,11 +1,18 @@
+/* SPDX-License-Identifier: MIT */
+
 /* server/pidfile: the pid file, PIDFILE.reload, and --reload /
  * --reopen-logs (see pidfile.h). Moved from main.c. */
 #include <errno.h>
+#include <stdbool.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -17,18 +24,45 @@ static unsigned reload_seq;
 
 void pidfile_set(const char *path) { pidfile = path; }
 
+/* Writes `text` to `path` through a temporary file of an unpredictable
+ * name made in the same folder (mkstemp: O_CREAT | O_EXCL, so a link
+ * planted there is never followed), then renames it over `path` (which
+ * replaces a link at `path` itself rather than writing through it). 0, or
+ * -1 with errno. */
+static int write_atomic(const char *path, const char *text) {
+  char tmp[4300];
+  if (snprintf(tmp, sizeof(tmp), "%s.XXXXXX", path) >= (int)sizeof(tmp)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) return -1;
+  size_t len = strlen(text);
+  int rc =
+      fchmod(fd, 0644) == 0 && write(fd, text, len) == (ssize_t)len ? 0 : -1;
+  int saved = errno;
+  if (close(fd) != 0 && rc == 0) {
+    rc = -1;
+    saved = errno;
+  }
+  if (rc == 0 && rename(tmp, path) != 0) {
+    rc = -1;
+    saved = errno;
+  }
+  if (rc) unlink(tmp);
+  errno = saved;
+  return rc;
+}
+
 int pidfile_write(void) {
   if (!pidfile) return 0;
   char stale[4200]; /* the reload outcome of an earlier server */
   snprintf(stale, sizeof(stale), "%s.reload", pidfile);
   unlink(stale);
-  char tmp[4200];
-  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", pidfile, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
-      rename(tmp, pidfile) != 0) {
+  char line[32];
+  snprintf(line, sizeof(line), "%d\n", (int)getpid());
+  if (write_atomic(pidfile, line) != 0) {
     log_error("cannot write the pid file %s: %s", pidfile, strerror(errno));
-    unlink(tmp);
     return -1;
   }
   return 0;
@@ -59,15 +93,11 @@ void reload_begin(void) { reload_seq++; }
 
 void reload_status(const char *state, const char *msg) {
   if (!pidfile) return;
-  char path[4200], tmp[4300];
+  char path[4200], line[4200];
   reload_path(path, sizeof(path));
-  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f || fprintf(f, "%u %s %s\n", reload_seq, state, msg ? msg : "") < 0 ||
-      fclose(f) != 0 || rename(tmp, path) != 0) {
+  snprintf(line, sizeof(line), "%u %s %s\n", reload_seq, state, msg ? msg : "");
+  if (write_atomic(path, line) != 0)
     log_error("cannot write %s: %s", path, strerror(errno));
-    unlink(tmp);
-  }
 }
 
 /* Reads PIDFILE.reload: its SEQ (0 if there is none), its STATE and
@@ -106,6 +136,62 @@ void pidfile_remove(void) {
   }
 }
 
+/* The program a process runs, from /proc/PID/exe, without the
+ * " (deleted)" an upgrade leaves: 0, or -errno. */
+static int proc_exe(pid_t pid, char *out, size_t len) {
+  char link[64];
+  snprintf(link, sizeof(link), "/proc/%d/exe", (int)pid);
+  ssize_t n = readlink(link, out, len - 1);
+  if (n < 0) return -errno;
+  out[n] = 0;
+  size_t k = strlen(out), d = strlen(" (deleted)");
+  if (k > d && strcmp(out + k - d, " (deleted)") == 0) out[k - d] = 0;
+  return 0;
+}
+
+/* Whether the pid read from `path` may be signalled: a moonport server
+ * (its program is ours, or is named moonport), running as the owner of
+ * the pid file (or the file is root's). A pid file the service can write
+ * is then no way for it to have root signal another program, or another
+ * user's process. 0, or 1 after a line on stderr. */
+static int check_target(pid_t pid, const char *path) {
+  char exe[PATH_MAX], self[PATH_MAX];
+  int rc = proc_exe(pid, exe, sizeof(exe));
+  if (rc) {
+    fprintf(stderr, "moonport: pid %d (from %s): %s\n", (int)pid, path,
+            strerror(-rc));
+    return 1;
+  }
+  struct stat a, b;
+  bool same = proc_exe(getpid(), self, sizeof(self)) == 0 &&
+              stat(exe, &a) == 0 && stat(self, &b) == 0 &&
+              a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  char base[PATH_MAX];
+  snprintf(base, sizeof(base), "%s", exe);
+  if (!same && strcmp(basename(base), "moonport") != 0) {
+    fprintf(stderr,
+            "moonport: pid %d (from %s) is not a moonport server: it runs %s\n",
+            (int)pid, path, exe);
+    return 1;
+  }
+  char proc[64];
+  snprintf(proc, sizeof(proc), "/proc/%d", (int)pid);
+  struct stat f, p;
+  if (stat(path, &f) != 0 || stat(proc, &p) != 0) {
+    fprintf(stderr, "moonport: pid %d (from %s): %s\n", (int)pid, path,
+            strerror(errno));
+    return 1;
+  }
+  if (f.st_uid != 0 && f.st_uid != p.st_uid) {
+    fprintf(stderr,
+            "moonport: pid %d (from %s) runs as uid %u, the pid file belongs "
+            "to uid %u: not signalled\n",
+            (int)pid, path, (unsigned)p.st_uid, (unsigned)f.st_uid);
+    return 1;
+  }
+  return 0;
+}
+
 int reload_other(const char *path) {
   char err[4200], state[32], msg[4096];
   pid_t pid = pidfile_read(path, err, sizeof(err));
@@ -113,6 +199,7 @@ int reload_other(const char *path) {
     fprintf(stderr, "moonport: %s\n", err);
     return 1;
   }
+  if (check_target(pid, path)) return 1;
   unsigned before = reload_read(path, state, sizeof(state), msg, sizeof(msg));
   if (kill(pid, SIGHUP) != 0) {
     fprintf(stderr, "moonport: cannot signal pid %d (from %s): %s\n",
@@ -150,6 +237,7 @@ int reopen_other(const char *path) {
     fprintf(stderr, "moonport: %s\n", err);
     return 1;
   }
+  if (check_target(pid, path)) return 1;
   if (kill(pid, SIGWINCH) != 0) {
     fprintf(stderr, "moonport: cannot signal pid %d (from %s): %s\n",
             (int)pid, path, strerror(errno));

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* server/pidfile: the pid file, the outcome of reloads beside it
  * (PIDFILE.reload), and the commands that signal a running server through
  * it (moonport --reload, --reopen-logs).
@@ -12,8 +14,9 @@
 
 /* The pid file's path (NULL: none; the string must outlive its use). */
 void pidfile_set(const char *path);
-/* Writes our pid (through a temporary file and a rename, so a reader
- * never sees half of it) and removes an earlier server's PIDFILE.reload.
+/* Writes our pid (through a mkstemp file in the same folder and a rename,
+ * so a reader never sees half of it and a planted link is never written
+ * through) and removes an earlier server's PIDFILE.reload.
  * 0, or -1 after a log line. Nothing without a pid file. */
 int pidfile_write(void);
 /* Removes the pid file and PIDFILE.reload if the pid in it is still ours. */
@@ -32,7 +35,10 @@ void reload_status(const char *state, const char *msg);
  * most, 60 by default). Exit status 0 once every worker runs the new
  * code; 1 with the reason on stderr otherwise. */
 int reload_other(const char *pidfile);
-/* moonport --reopen-logs PIDFILE: sends SIGWINCH and returns at once. */
+/* moonport --reopen-logs PIDFILE: sends SIGWINCH and returns at once.
+ * Both signal only a moonport process (/proc/PID/exe) that runs as the
+ * pid file's owner (or the file is root's): status 1 and a line saying
+ * why otherwise. */
 int reopen_other(const char *pidfile);
 
 #endif

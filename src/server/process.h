@@ -1,5 +1,7 @@
-/* server/process: what the files of src/server share (server.c, root.c,
- * worker.c); not for the rest of the tree.
+/* SPDX-License-Identifier: MIT */
+
+/* server/process: what the files of src/server share (process.c; used by
+ * server.c, root.c, worker.c); not for the rest of the tree.
  *
  * Contract. The signal handlers only count in these atomics and write the
  * main thread's eventfd (proc_wake_fd); the main thread (the root's, or a
@@ -44,14 +46,20 @@ void proc_signals_forked(void);
 const char *proc_stop_signal_name(void);
 /* Reads what woke the main thread off proc_wake_fd. */
 void proc_drain_wake(void);
-/* A new eventfd for srv->wake_fd and proc_wake_fd: 0, or -1 logged. */
+/* A new eventfd for srv->proc.wake_fd and proc_wake_fd: 0, or -1 logged. */
 int proc_new_wake_fd(lx_server_t *srv);
 
+/* The files proc_reopen_logs reopens: --log (NULL: none, or stdout) and
+ * --error-log (NULL: none). The strings must outlive the process. */
+void proc_set_log_paths(const char *access, const char *error);
 /* Reopens --error-log and --log by name (SIGWINCH). */
 void proc_reopen_logs(lx_server_t *srv);
 /* One line (at info) saying what is served. While no lane thread runs. */
 void proc_announce(lx_server_t *srv);
-/* Frees what run_lanes made (after the lanes are gone). */
+/* Frees everything the process made (the lanes, the engine, the post
+ * office, the links, the listeners, the dictionaries), once no lane
+ * thread runs: the one teardown of root.c and worker.c, at exit and on
+ * any failure of start-up. */
 void proc_cleanup(lx_server_t *srv);
 
 /* Serves with srv->nlanes lanes in this process: the whole server (ipc_fd

@@ -1,7 +1,9 @@
+/* SPDX-License-Identifier: MIT */
+
 /* server: starting a moonport process from its options (server.h): logs,
- * counters, the signal handlers every process shares, the start line, and
- * the choice between one process (worker.c) and a root with workers
- * (root.c). Moved from main.c, which is now the command line only. */
+ * counters, and the choice between one process (worker.c) and a root with
+ * workers (root.c); what every process shares is in process.c. main.c is
+ * the command line only. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -9,11 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "cluster/cluster.h"
 #include "core/log.h"
+#include "core/metric.h"
 #include "net/tls.h"
 #include "core/notify.h"
 #include "core/stats.h"
@@ -21,172 +23,6 @@
 #include "server/pidfile.h"
 #include "server/process.h"
 #include "server/server.h"
-
-/* ---- signals ----
- *
- * No thread blocks them, so a process started from a lane (os.execute,
- * io.popen: posix_spawn, which runs no atfork handlers) starts with an
- * ordinary mask; handlers, unlike SIG_IGN, are reset by exec. A handler
- * only counts and wakes the main thread. */
-_Atomic int proc_signals_seen;
-_Atomic int proc_last_signal;
-_Atomic int proc_root_gone;
-_Atomic int proc_children_exited;
-_Atomic int proc_restarts_asked;
-_Atomic int proc_reloads_asked;
-_Atomic int proc_reopens_asked;
-int proc_wake_fd = -1;
-
-static void wake(void) {
-  uint64_t one = 1;
-  ssize_t w = write(proc_wake_fd, &one, sizeof(one));
-  (void)w;
-}
-
-void proc_drain_wake(void) {
-  uint64_t v;
-  ssize_t r = read(proc_wake_fd, &v, sizeof(v));
-  (void)r;
-}
-
-void proc_on_root_gone(int sig) {
-  int saved = errno;
-  atomic_store(&proc_root_gone, 1);
-  wake();
-  errno = saved;
-}
-
-void proc_on_restart(int sig) {
-  int saved = errno;
-  atomic_fetch_add(&proc_restarts_asked, 1);
-  wake();
-  errno = saved;
-}
-
-void proc_on_reload(int sig) {
-  int saved = errno;
-  atomic_fetch_add(&proc_reloads_asked, 1);
-  wake();
-  errno = saved;
-}
-
-void proc_on_reopen(int sig) {
-  int saved = errno;
-  atomic_fetch_add(&proc_reopens_asked, 1);
-  wake();
-  errno = saved;
-}
-
-void proc_on_child(int sig) {
-  int saved = errno;
-  atomic_store(&proc_children_exited, 1);
-  wake();
-  errno = saved;
-}
-
-void proc_on_stop_signal(int sig) {
-  int saved = errno;
-  atomic_store(&proc_last_signal, sig);
-  atomic_fetch_add(&proc_signals_seen, 1);
-  wake();
-  errno = saved;
-}
-
-/* SIGPIPE: writes to a closed socket then fail with EPIPE instead of
- * killing us; SIGHUP in a worker: a terminal's hangup reaches the whole
- * process group, and reloading is the root's business. */
-void proc_on_ignored(int sig) { (void)sig; }
-
-void proc_handle(int sig, void (*fn)(int)) {
-  struct sigaction sa = {.sa_handler = fn, .sa_flags = SA_RESTART};
-  sigemptyset(&sa.sa_mask);
-  sigaction(sig, &sa, NULL);
-}
-
-void proc_signals_serving(bool worker) {
-  proc_handle(SIGINT, proc_on_stop_signal);
-  proc_handle(SIGTERM, proc_on_stop_signal);
-  if (worker)
-    proc_handle(SIGUSR2, proc_on_root_gone);
-  else
-    proc_handle(SIGHUP, proc_on_reload);
-  proc_handle(SIGWINCH, proc_on_reopen);
-}
-
-void proc_signals_forked(void) {
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  proc_handle(SIGHUP, proc_on_ignored);
-}
-
-const char *proc_stop_signal_name(void) {
-  return atomic_load(&proc_last_signal) == SIGINT ? "SIGINT" : "SIGTERM";
-}
-
-int proc_new_wake_fd(lx_server_t *srv) {
-  srv->wake_fd = proc_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (proc_wake_fd >= 0) return 0;
-  log_error("cannot start: %s", strerror(errno));
-  return -1;
-}
-
-/* ---- reopening the logs (logrotate) ----
- *
- * SIGWINCH asks a process to reopen its --log and --error-log files by
- * name: logrotate moves a file away and signals, lines written until the
- * signal is handled still go to the moved file, later ones to a new file
- * at the old name, and none is lost (log_reopen_fd swaps the file under
- * the same fd, so a write in flight on another lane lands whole in one of
- * them). SIGWINCH because the others are taken: HUP reloads, USR1
- * restarts the workers, USR2 tells a worker its root died, and the real
- * time signals have no name logrotate scripts and kill(1) users know. A
- * terminal sends WINCH to its foreground group when it is resized; that
- * reopens the same files, which is harmless. The root reopens its own
- * files first (workers it forks later inherit the new ones) and passes
- * the signal to every worker. Main (or root) thread only. */
-
-static const char *access_path; /* --log, unless "-" */
-static const char *error_path;  /* --error-log */
-
-void proc_reopen_logs(lx_server_t *srv) {
-  int rc;
-  if (error_path && (rc = log_reopen_fd(STDERR_FILENO, error_path)))
-    log_error("cannot reopen the error log %s: %s", error_path, strerror(-rc));
-  if (access_path && srv->access_fd >= 0 &&
-      (rc = log_reopen_fd(srv->access_fd, access_path)))
-    log_error("cannot reopen the access log %s: %s", access_path, strerror(-rc));
-  log_info("SIGWINCH: reopened the log files");
-}
-
-/* ---- the start line ---- */
-
-/* One line (at info) saying what is served: the version, the script,
- * every listening socket as a URL, workers x lanes. */
-void proc_announce(lx_server_t *srv) {
-  if (log_get_level() < LOG_INFO) return;
-  char urls[2048];
-  size_t at = lx_server_listen_urls(srv, urls, sizeof(urls));
-  log_info("version %s serving %s on %s; %d worker%s x %zu lane%s",
-           MOONPORT_VERSION, srv->script, at ? urls : "no socket",
-           srv->nworkers, srv->nworkers == 1 ? "" : "s", srv->threads,
-           srv->threads == 1 ? "" : "s");
-}
-
-void proc_cleanup(lx_server_t *srv) {
-  lx_engine_stop(srv);
-  for (size_t i = 0; i < srv->nlanes; i++) lx_lane_free(srv->lanes[i]);
-  pubsub_free(srv->ps);
-  srv->ps = NULL;
-  ipc_reader_deinit(&srv->ipc_reader);
-  link_free(&srv->link);
-  lx_server_close_listeners(srv);
-  free(srv->lanes);
-  free(srv->group.r);
-  if (srv->wake_fd >= 0) close(srv->wake_fd);
-  pthread_mutex_destroy(&srv->listen_lock);
-  lx_shared_free_all(srv);
-  sock_deinit();
-}
 
 /* ---- start ---- */
 
@@ -199,8 +35,8 @@ int server_main(const server_opts_t *o) {
             o->error_log, strerror(-rc));
     return 1;
   }
-  error_path = o->error_log;
-  if (o->log && strcmp(o->log, "-") != 0) access_path = o->log;
+  proc_set_log_paths(o->log && strcmp(o->log, "-") != 0 ? o->log : NULL,
+                     o->error_log);
   if (notify_init())
     log_warn("NOTIFY_SOCKET is not a socket path; not notifying the service "
              "manager");
@@ -223,25 +59,24 @@ int server_main(const server_opts_t *o) {
   srv.argv = o->argv;
   srv.nlanes = srv.threads = (size_t)o->threads;
   srv.nworkers = (int)o->workers;
-  srv.max_memory = (size_t)o->max_memory << 20;
-  srv.drain_ms = (uint64_t)(o->drain * 1000);
+  srv.proc.max_memory = (size_t)o->max_memory << 20;
+  srv.proc.drain_ms = (uint64_t)(o->drain * 1000);
   srv.worker_index = srv.nworkers == 1 ? 1 : 0;
-  srv.grace_ms = (uint64_t)(o->grace * 1000);
-  srv.lua_timeout_ms = (uint64_t)(o->lua_timeout * 1000);
+  srv.proc.grace_ms = (uint64_t)(o->grace * 1000);
+  srv.proc.lua_timeout_ms = (uint64_t)(o->lua_timeout * 1000);
   srv.redis_url = o->redis;
   srv.redis_cli = srv.remote = o->redis != NULL;
   pthread_mutex_init(&srv.listen_lock, NULL);
-  pthread_mutex_init(&srv.ipc_lock, NULL);
+  pthread_mutex_init(&srv.proc.ipc_lock, NULL);
   pthread_mutex_init(&srv.shared_lock, NULL);
-  srv.ipc_fd = -1;
-  link_init(&srv.link, -1, -1);
+  srv.proc.ipc_fd = -1;
+  link_init(&srv.proc.link, -1, -1);
   srv.access_fd = -1;
   if (o->log) {
-    srv.access_fd = strcmp(o->log, "-") == 0
-                        ? STDOUT_FILENO
-                        : open(o->log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    srv.access_fd = strcmp(o->log, "-") == 0 ? STDOUT_FILENO : log_open(o->log);
     if (srv.access_fd < 0) {
-      log_error("cannot open the access log %s: %s", o->log, strerror(errno));
+      log_error("cannot open the access log %s: %s", o->log,
+                strerror(-srv.access_fd));
       return 1;
     }
   }
@@ -251,8 +86,17 @@ int server_main(const server_opts_t *o) {
     log_error("cannot map the counters: %s", strerror(errno));
     return 1;
   }
+  srv.metrics = metric_set_new(); /* NULL: mp.counter and co. raise */
+  if (!srv.metrics)
+    log_warn("cannot map the script's metrics: %s", strerror(errno));
   srv.serial = stats_next_serial(srv.stats);
   if (proc_new_wake_fd(&srv)) return 1;
+  if (o->check) {
+    srv.nworkers = 1;
+    srv.nlanes = srv.threads = 1;
+    srv.check = true;
+    return lx_check_script(&srv);
+  }
   return srv.nworkers > 1 ? proc_run_root(&srv, o->watch)
                           : proc_run_lanes(&srv, -1);
 }

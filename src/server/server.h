@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* server: process management for moonport, the one entry point main.c
  * calls once the command line is parsed.
  *
@@ -23,6 +25,7 @@ typedef struct server_opts {
   const char *log;       /* --log PATH ("-": stdout), or NULL */
   const char *error_log; /* --error-log PATH, or NULL */
   bool watch;            /* --watch (needs workers > 1) */
+  bool check;            /* --check: load, report, exit (lx_check_script) */
   long max_memory;       /* MB a worker may use, 0: no limit */
   long workers;          /* worker processes (1: no fork) */
   long threads;          /* lanes per process */

@@ -1,9 +1,11 @@
+/* SPDX-License-Identifier: MIT */
+
 /* server/worker: a process that serves: the only one (-w 1) or one worker
  * of several. Its lanes run on their own threads; its main thread runs a
  * small reactor of its own (as the root's thread does) that watches the
  * wake-up eventfd (signals, lanes done, frames queued for the root) and
  * the link to the root, and once a second checks the watchdog and sends
- * the heartbeat. Moved from main.c's hand-written poll loop. */
+ * the heartbeat. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include "core/notify.h"
 #include "core/stats.h"
 #include "core/timer.h"
+#include "lx/lx_engine.h"
 #include "net/poll.h" /* POLL_*: so not <signal.h>, whose POLL_HUP clashes */
 #include "net/reactor.h"
 #include "net/sock.h"
@@ -33,6 +36,8 @@ typedef struct {
   unsigned ipc_flags;       /* its interest now */
   int handled;              /* stop signals acted on */
   bool orphan;              /* the root is gone */
+  bool ready;               /* every lane's start handlers returned: the
+                               root (or systemd) was told it serves */
   bool lanes_done;          /* every lane's loop returned */
   bool stopped;             /* reactor_shutdown was called */
   uint64_t hard;            /* shutting down: past this, lanes still in
@@ -63,6 +68,23 @@ static void lane_thread(void *arg, size_t index) {
 
 static void worker_step(worker_t *w);
 
+/* Every lane has run its start handlers: only now does the process count
+ * as serving, so a rolling reload retires the worker this one replaces
+ * after the new code's mp.on("start") ran (and --reload, READY=1 and the
+ * pid file say so). */
+static void worker_ready(worker_t *w) {
+  lx_server_t *srv = w->srv;
+  w->ready = true;
+  server_ipc_ready(srv);
+  if (srv->proc.ipc_fd >= 0)
+    log_info("started: %zu lane%s, script %s", srv->nlanes,
+             srv->nlanes == 1 ? "" : "s", srv->script);
+  if (srv->proc.ipc_fd < 0) {
+    pidfile_write();
+    notify_send("READY=1");
+  }
+}
+
 static void on_deadline(mp_timer_t *t) {
   worker_t *w = t->udata;
   if ((size_t)atomic_load(&w->srv->lanes_done) < w->srv->nlanes)
@@ -92,9 +114,9 @@ static void on_wake(void *arg) {
 static void on_ipc(void *arg, unsigned events) {
   worker_t *w = arg;
   if (events & POLL_WRITE) {
-    pthread_mutex_lock(&w->srv->ipc_lock);
-    link_flush(&w->srv->link);
-    pthread_mutex_unlock(&w->srv->ipc_lock);
+    pthread_mutex_lock(&w->srv->proc.ipc_lock);
+    link_flush(&w->srv->proc.link);
+    pthread_mutex_unlock(&w->srv->proc.ipc_lock);
   }
   bool eof = false;
   while (w->ipc_fd >= 0 && (events & (POLL_READ | POLL_HUP))) {
@@ -134,10 +156,11 @@ static void worker_step(worker_t *w) {
    * and nobody replaces us; close soon. */
   if (w->lanes_done && w->ipc_w && atomic_load(&proc_root_gone)) {
     unwatch_ipc(w); /* nobody to flush to */
-  } else if (!w->orphan && srv->ipc_fd >= 0 && atomic_load(&proc_root_gone)) {
+  } else if (!w->orphan && srv->proc.ipc_fd >= 0 &&
+             atomic_load(&proc_root_gone)) {
     w->orphan = true;
     log_warn("the root process is gone; worker %d stops", srv->worker_index);
-    uint64_t grace = srv->grace_ms < 1000 ? srv->grace_ms : 1000;
+    uint64_t grace = srv->proc.grace_ms < 1000 ? srv->proc.grace_ms : 1000;
     for (size_t i = 0; i < srv->nlanes; i++)
       reactor_shutdown(lx_lane_reactor(srv->lanes[i]), grace);
     unwatch_ipc(w);
@@ -145,15 +168,24 @@ static void worker_step(worker_t *w) {
   }
   int seen = atomic_load(&proc_signals_seen);
   if (seen != w->handled) {
-    if (w->handled == 0 && srv->ipc_fd < 0) notify_send("STOPPING=1");
+    if (w->handled == 0 && srv->proc.ipc_fd < 0) {
+      notify_send("STOPPING=1");
+      /* one process (no root): refuse new connections now, don't let
+       * them wait in the backlog to be reset at exit. A worker's socket
+       * is its successor's during a reload: the root ends it at a stop. */
+      lx_server_stop_listening(srv);
+    }
     log_info("%s: %s", proc_stop_signal_name(),
              w->handled == 0 ? "shutting down gracefully" : "closing now");
-    uint64_t grace = w->handled == 0 ? srv->grace_ms : 0;
+    uint64_t grace = w->handled == 0 ? srv->proc.grace_ms : 0;
     for (size_t i = 0; i < srv->nlanes; i++)
       reactor_shutdown(lx_lane_reactor(srv->lanes[i]), grace);
     set_hard(w, reactor_clock_ms() + grace + 2000);
     w->handled = seen;
   }
+  if (!w->ready && !w->orphan &&
+      (size_t)atomic_load(&srv->lanes_started) == srv->nlanes)
+    worker_ready(w);
   if (!w->lanes_done &&
       (size_t)atomic_load(&srv->lanes_done) == srv->nlanes) {
     w->lanes_done = true;
@@ -165,12 +197,12 @@ static void worker_step(worker_t *w) {
     }
   }
   /* Write interest while frames for the root wait: the lanes queued them
-   * rather than block (server/link.h), and this thread writes them. */
+   * rather than block (cluster/link.h), and this thread writes them. */
   bool pending = false;
   if (w->ipc_w) {
-    pthread_mutex_lock(&srv->ipc_lock);
-    pending = link_pending(&srv->link);
-    pthread_mutex_unlock(&srv->ipc_lock);
+    pthread_mutex_lock(&srv->proc.ipc_lock);
+    pending = link_pending(&srv->proc.link);
+    pthread_mutex_unlock(&srv->proc.ipc_lock);
     unsigned want = POLL_READ | (pending ? POLL_WRITE : 0);
     if (want != w->ipc_flags && reactor_watch_set(w->ipc_w, want) == 0)
       w->ipc_flags = want;
@@ -235,14 +267,6 @@ int proc_run_lanes(lx_server_t *srv, int ipc_fd) {
     proc_cleanup(srv);
     return 1;
   }
-  server_ipc_ready(srv);
-  if (ipc_fd >= 0)
-    log_info("started: %zu lane%s, script %s", srv->nlanes,
-             srv->nlanes == 1 ? "" : "s", srv->script);
-  if (ipc_fd < 0) {
-    pidfile_write();
-    notify_send("READY=1");
-  }
   timer_start(reactor_timers(w.r), &w.tick, reactor_now(w.r), 250, 250, 0,
               on_tick, NULL, &w);
   worker_step(&w); /* a signal may have come during start-up */
@@ -269,21 +293,22 @@ int proc_worker_main(int index, int sink, int ipc_fd, void *arg) {
   srv->root = false;
   srv->lanes = NULL; /* the root lane stays the root's */
   srv->ps = NULL;
-  srv->peers = NULL;
-  srv->ipc_fd = ipc_fd;
-  pthread_mutex_init(&srv->ipc_lock, NULL);
+  srv->proc.peers = NULL;
+  srv->proc.ipc_fd = ipc_fd;
+  pthread_mutex_init(&srv->proc.ipc_lock, NULL);
   pthread_mutex_init(&srv->shared_lock, NULL);
-  ipc_reader_init(&srv->ipc_reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
+  ipc_reader_init(&srv->proc.ipc_reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
   srv->nlanes = srv->threads;
   atomic_store(&srv->lanes_done, 0);
+  atomic_store(&srv->lanes_started, 0);
   atomic_store(&proc_signals_seen, 0);
   atomic_store(&proc_children_exited, 0);
   proc_signals_forked();
   pidfile_set(NULL); /* the root's */
   lx_engine_after_fork(srv);
-  if (srv->wake_fd >= 0) close(srv->wake_fd);
+  if (srv->proc.wake_fd >= 0) close(srv->proc.wake_fd);
   if (proc_new_wake_fd(srv)) return 1;
-  link_init(&srv->link, ipc_fd, srv->wake_fd);
+  link_init(&srv->proc.link, ipc_fd, srv->proc.wake_fd);
   lx_server_after_fork(srv);
   return proc_run_lanes(srv, ipc_fd);
 }

@@ -1,15 +1,17 @@
-/* server/link: a worker's byte stream of IPC frames (cluster/ipc.h) to its
+/* SPDX-License-Identifier: MIT */
+
+/* cluster/link: a worker's byte stream of IPC frames (cluster/ipc.h) to its
  * root process, which never blocks the sender.
  *
  * Contract. The link does not own its lock: every call but link_init and
  * link_free is made with the mutex that guards the link held (in moonport,
- * lx_server.ipc_lock, which also orders pub/sub counts; see lx_pubsub.c).
+ * lx_server.proc.ipc_lock, which also orders pub/sub counts; see lx_pubsub.c).
  * Any thread may send; what the socket refuses waits in the link, in
  * order, and the sender wakes the worker's main thread (wake_fd), which
  * flushes when the socket turns writable. The link does not own fd or
  * wake_fd. No Lua here. */
-#ifndef MP_SERVER_LINK_H
-#define MP_SERVER_LINK_H
+#ifndef MP_CLUSTER_LINK_H
+#define MP_CLUSTER_LINK_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,4 +1,6 @@
-/* server/link: a worker's non-blocking byte stream of frames to the root
+/* SPDX-License-Identifier: MIT */
+
+/* cluster/link: a worker's non-blocking byte stream of frames to the root
  * (see link.h). Lanes never block on the root: a root lane busy in Lua
  * must not stall the worker's lanes, so what the socket refuses waits here
  * and the main thread flushes it. */
@@ -11,7 +13,7 @@
 #include <unistd.h>
 
 #include "cluster/ipc.h"
-#include "server/link.h"
+#include "cluster/link.h"
 
 void link_init(server_link_t *l, int fd, int wake_fd) {
   *l = (server_link_t){.fd = fd, .wake_fd = wake_fd};
