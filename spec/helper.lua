@@ -201,18 +201,28 @@ function H.raise_nofile(n)
 end
 
 local handed_out = {}
---- A TCP port that is free right now (bound on 0.0.0.0 with port 0, then
---- closed). Never returns the same port twice in one run.
+-- Ports below the kernel's ephemeral range (32768-60999 by default, from
+-- which every client socket's local port comes: a port picked there can be
+-- taken by some connection before the server listens on it), above the
+-- well-known ones and those .ci/run's Redis may take (20000-31999 is
+-- shared with it: a port it holds fails the bind below).
+local PORT_LO, PORT_HI = 10000, 32000
+math.randomseed(os.time() + C.getpid())
+--- A TCP port that is free right now (a bind on 0.0.0.0 succeeds, then it
+--- is closed), below the ephemeral range. Never returns the same port
+--- twice in one run.
 function H.free_port()
-  for _ = 1, 50 do
-    local s = assert(socket.tcp())
-    assert(s:bind("0.0.0.0", 0))
-    local _, port = s:getsockname()
-    s:close()
-    port = tonumber(port)
+  for _ = 1, 200 do
+    local port = math.random(PORT_LO, PORT_HI - 1)
     if not handed_out[port] then
-      handed_out[port] = true
-      return port
+      local s = assert(socket.tcp())
+      s:setoption("reuseaddr", true)
+      local ok = s:bind("0.0.0.0", port)
+      s:close()
+      if ok then
+        handed_out[port] = true
+        return port
+      end
     end
   end
   error("could not find a free port")
@@ -500,11 +510,15 @@ function Server:stop(sig, timeout)
   if self:alive() then C.kill(self._pid, sig or H.SIGTERM) end
   local st, how = self:wait_exit(timeout or H.T(15))
   if not st then
+    -- what it was doing, and its children (a worker stuck at exit, say),
+    -- before the kill: the next failure says where it hung
+    local children = table.concat(H.children(self._pid), ",")
+    local state = H.proc_stat(self._pid) or "gone"
     C.kill(self._pid, H.SIGKILL)
     self:wait_exit(5)
     self:check_sanitizers()
-    return nil, ("did not exit within %.1fs of signal %d"):format(
-      timeout or H.T(15), sig or H.SIGTERM)
+    return nil, ("did not exit within %.1fs of signal %d (state %s, children %s): %s"):format(
+      timeout or H.T(15), sig or H.SIGTERM, state, children ~= "" and children or "none", self:describe())
   end
   self:check_sanitizers()
   return st, how

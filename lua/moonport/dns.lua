@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.resolve(host [, { family = 4 | 6, timeout = ms }]): the addresses of
 -- a host name as strings ({ "127.0.0.1", ... }), or nil and why ("no such
 -- host", "timeout", ...). The lookup runs on the lane's c-ares resolver

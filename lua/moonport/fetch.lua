@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.fetch(url [, opts]): an HTTP/1.1 client written over mp.tcp, so it
 -- waits only its coroutine and shares mp.tcp's per-lane keep-alive pool.
 --
@@ -16,12 +17,13 @@
 local core = require("moonport.core")
 local tcp = require("moonport.tcp")
 local url = require("moonport.url")
+local addrfilter = require("moonport.addrfilter")
 local C = core.fetch
 local parse, now = C.parse, C.now
 local type, pairs, ipairs, tostring, tonumber = type, pairs, ipairs, tostring, tonumber
 local setmetatable = setmetatable
 local error, concat, min, ceil = error, table.concat, math.min, math.ceil
-local lower, find, format = string.lower, string.find, string.format
+local lower, format = string.lower, string.format
 
 local VERSION = C.version
 local MAX_BODY = 8 * 1024 * 1024
@@ -61,7 +63,7 @@ local function request_head(method, u, headers, body_kind, body_len)
             return nil, "bad header value for " .. k
           end
           one = tostring(one)
-          if find(one, "[%z\r\n]") then return nil, "bad header value for " .. k end
+          if not url.value_ok(one) then return nil, "bad header value for " .. k end
           out[n + 1], out[n + 2], out[n + 3], out[n + 4] = k, ": ", one, "\r\n"
           n = n + 4
         end
@@ -85,6 +87,28 @@ local function arm(s, deadline)
   if left < 1 then return false end
   s:settimeout(ceil(left))
   return true
+end
+
+-- One response head, to its empty line, as the bytes came. A line ends
+-- in CRLF or in a bare LF: RFC 9112 2.2 lets a recipient take either, some
+-- servers send LF, and the C parser reads both (so "\r\n\r\n" can't be
+-- what ends a head). Bounded by max_header in all. Returns the head, or
+-- nil, err and whether any byte of it came (a dead pooled connection
+-- sends none: only then is a retry safe).
+local function read_head(s, next_line, max, deadline)
+  local lines, n = {}, 0
+  while true do
+    if not arm(s, deadline) then return nil, "timeout", n > 0 end
+    local line, err, partial = next_line()
+    if not line then
+      if err == "max_buffer exceeded" then err = "response header too large" end
+      return nil, err, n > 0 or (partial ~= nil and partial ~= "")
+    end
+    n = n + #line
+    if n > max then return nil, "response header too large", true end
+    lines[#lines + 1] = line
+    if line == "\n" or line == "\r\n" then return concat(lines) end
+  end
 end
 
 local function closed(err)
@@ -231,7 +255,7 @@ local function exchange(u, method, head, body, o, deadline)
     if attempt == 2 then fresh = false end
     local s, err = tcp { host = u.host, port = u.port, timeout = ceil(left),
       max_buffer = o.max_header, max_line = min(o.max_header, 4096),
-      pool = fresh, tls = u.scheme == "https" and o.tls or nil }
+      pool = fresh, tls = u.scheme == "https" and o.tls or nil, deny = o.deny, allow = o.allow }
     if not s then return nil, err end
     local reused = s:getreusedtimes() > 0
     local ok
@@ -243,13 +267,12 @@ local function exchange(u, method, head, body, o, deadline)
     end
     local status, headers, kind, clen, keep, reason
     if ok then
-      local until_head = s:receiveuntil("\r\n\r\n", { inclusive = true })
+      local next_line = s:receiveuntil("\n", { inclusive = true })
       while true do
-        if not arm(s, deadline) then err = "timeout"; break end
-        local h, rerr, partial = until_head()
+        local h, rerr, some = read_head(s, next_line, o.max_header, deadline)
         if not h then
-          err = rerr == "max_buffer exceeded" and "response header too large" or rerr
-          if partial and partial ~= "" then retry = false end
+          err = rerr
+          if some then retry = false end
           break
         end
         local n, interim
@@ -286,6 +309,10 @@ local function exchange(u, method, head, body, o, deadline)
   end
 end
 
+-- The fields a cross-origin redirect drops (as undici does).
+local CREDENTIALS = { authorization = true, cookie = true, host = true,
+  ["proxy-authorization"] = true }
+
 local function check_opts(o)
   if o == nil then return {} end
   if type(o) ~= "table" then error("mp.fetch: opts must be a table", 3) end
@@ -302,6 +329,13 @@ local function check_opts(o)
     error("mp.fetch: method must be an upper-case name like \"GET\"", 3)
   end
   if o.headers ~= nil and type(o.headers) ~= "table" then error("mp.fetch: headers must be a table", 3) end
+  if o.redirect_headers ~= nil and o.redirect_headers ~= "drop" and o.redirect_headers ~= "keep" then
+    error('mp.fetch: redirect_headers must be "keep" or "drop"', 3)
+  end
+  if o.deny ~= nil or o.allow ~= nil then
+    local ok, ferr = addrfilter.new(addrfilter.pick(o.deny, o.allow))
+    if not ok then error("mp.fetch: " .. ferr, 3) end
+  end
   local bt = type(o.body)
   if o.body ~= nil and bt ~= "string" and bt ~= "function" then
     error("mp.fetch: body must be a string or a function returning pieces", 3)
@@ -324,7 +358,7 @@ return function(target, opts)
     max_header = o.max_header or MAX_HEADER,
     pool_size = o.pool_size or POOL_SIZE,
     pool_idle = o.pool_idle or POOL_IDLE,
-    keepalive = o.keepalive,
+    keepalive = o.keepalive, deny = o.deny, allow = o.allow,
     stream = o.stream and true or false,
     timeout = o.timeout or TIMEOUT,
     tls = o.tls or true, -- for https:// URLs (true: the system's store)
@@ -365,13 +399,21 @@ return function(target, opts)
     local nxt, nerr = url.resolve(target, loc)
     if not nxt then return nil, nerr end
     local nu = url.parse(nxt)
+    -- https -> http would send the rest in the clear: only when asked
+    if nu and u.scheme == "https" and nu.scheme == "http" and not o.allow_downgrade then
+      return nil, "redirect from https to http refused (allow_downgrade = true follows it)"
+    end
     if headers and (not nu or nu.authority ~= u.authority or nu.scheme ~= u.scheme) then
       -- Credentials stay with the host (and the scheme: https's are not
-      -- sent in the clear) they were meant for.
+      -- sent in the clear) they were meant for; redirect_headers = "drop"
+      -- sends none of the caller's fields to another origin (a custom
+      -- credential header such as X-Api-Key included).
       local h2 = {}
-      for k, v in pairs(headers) do
-        local lk = lower(k)
-        if lk ~= "authorization" and lk ~= "cookie" and lk ~= "host" then h2[k] = v end
+      if o.redirect_headers ~= "drop" then
+        for k, v in pairs(headers) do
+          local lk = lower(k)
+          if not CREDENTIALS[lk] then h2[k] = v end
+        end
       end
       headers = h2
     end

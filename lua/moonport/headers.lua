@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- The metatable of req.headers: names are stored in lower case, and a
 -- look-up in any case finds them (req.headers["Content-Type"]).
 local rawget, type = rawget, type

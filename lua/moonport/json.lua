@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.json: lua-cjson's encode and decode, plus arrays that stay arrays when
 -- empty. res:json and req:json go through here.
 --
@@ -14,6 +15,7 @@ local next, pcall, type, error, tostring = next, pcall, type, error, tostring
 local setmetatable = setmetatable
 local cencode, sdecode = cjson.encode, cjson_safe.decode
 local random, char, concat = math.random, string.char, table.concat
+local find, gsub = string.find, string.gsub
 
 local M = { null = cjson.null }
 
@@ -77,11 +79,29 @@ local function encode_marked(v)
   return concat(out)
 end
 
+-- cjson writes "/" as "\/" (legal, but URLs in JSON then read badly) and
+-- Debian's 2.1.0 has no encode_escape_forward_slash to turn it off. Every
+-- "/" is escaped and every backslash opens an escape ("\\", "\n", "\u0000",
+-- ...), so a left-to-right replace of "\/" meets only the escaped slashes.
+local cjson_escapes_slash = cencode("/") ~= '"/"'
+if cjson.encode_escape_forward_slash then
+  cjson.encode_escape_forward_slash(false)
+  cjson_safe.encode_escape_forward_slash(false)
+  cjson_escapes_slash = false
+end
+
+local function unslash(s)
+  if cjson_escapes_slash and find(s, "\\/", 1, true) then
+    return (gsub(s, "\\/", "/"))
+  end
+  return s
+end
+
 -- mp.json.encode(v): the JSON text. Raises for what JSON can't hold
 -- (a function, a sparse array, a cycle), as cjson.encode does.
 function M.encode(v)
-  if next(marked) == nil then return cencode(v) end
-  return encode_marked(v)
+  if next(marked) == nil then return unslash(cencode(v)) end
+  return unslash(encode_marked(v))
 end
 
 -- mp.json.decode(s): the value, or nil and a message.

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- framing = "line" for mp.listen and mp.connect: the bytes of a connection
 -- cut into lines, each handed to on_line(conn, line) without its "\n" (or
 -- "\r\n"). Written over on_data: lines of one read go to on_line in order,

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- The __index and __newindex of moonport's userdata classes (conn, ws, sse,
 -- ...), made by lx_meta_env (src/lx/lx_conn.c) for each class's methods.
 --

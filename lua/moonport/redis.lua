@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- r:cmd(...) of mp.redis clients (src/lx/lx_redis.c holds the rest).
 -- With a callback as its last argument it sends and returns at once;
 -- without, it waits in its coroutine for the reply, `nil, err` on failure.

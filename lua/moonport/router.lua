@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.router(): routes requests to handlers by method and path, with :name
 -- and *splat parameters in req.params. Pure Lua (no server needed, see
 -- spec/lua/router_spec.lua); mounted as mp.http { on_request = r }.
@@ -9,9 +10,11 @@
 -- for "/" itself. req.path is the decoded path, so "%2F" is a separator.
 local setmetatable, getmetatable, type, error, tostring, pairs, ipairs =
   setmetatable, getmetatable, type, error, tostring, pairs, ipairs
+local xpcall, traceback = xpcall, debug.traceback
 local concat, sort, byte, sub, find = table.concat, table.sort, string.byte, string.sub, string.find
 
 local SLASH = 47 -- "/"
+local loaded = package.loaded
 
 -- table.new (LuaJIT 2.1) sizes req.params once instead of growing it
 local ok_tnew, tnew = pcall(require, "table.new")
@@ -31,6 +34,26 @@ local function public(fn)
   end
 end
 
+-- Whether a middleware answered: res:sent(), or inside the binary the
+-- same through the FFI (lx_res_sent_ffi in src/lx/lx_http.c), which the
+-- JIT compiles into the trace instead of leaving it for a C call. Only for
+-- a real response (its metatable is protected with this name); a router
+-- driven by hand with another res object takes res:sent().
+local RES_MT = "moonport.http.response"
+local ffi_sent
+do
+  local ok, ffi = pcall(require, "ffi")
+  if ok then
+    pcall(ffi.cdef, "int lx_res_sent_ffi(const void *res);")
+    local found, fn = pcall(function() return ffi.C.lx_res_sent_ffi end)
+    if found then ffi_sent = fn end
+  end
+end
+local function sent(res)
+  if ffi_sent and getmetatable(res) == RES_MT then return ffi_sent(res) ~= 0 end
+  return res:sent()
+end
+
 local M = {}
 local Router = {}
 Router.__index = Router
@@ -41,8 +64,8 @@ end
 
 -- Endpoints hold the handlers of one pattern: ep.methods[METHOD] = fn,
 -- ep.any = fn for r:all, ep.names = the parameter names in order.
-local function new_ep(names)
-  return { methods = {}, any = nil, names = names, allow = nil }
+local function new_ep(names, pattern)
+  return { methods = {}, any = nil, names = names, allow = nil, pattern = pattern }
 end
 
 local function strip(path)
@@ -104,7 +127,7 @@ local function endpoint(self, pattern)
     local key = strip(pattern)
     ep = self.static[key]
     if not ep then
-      ep = new_ep(names)
+      ep = new_ep(names, key)
       self.static[key] = ep
     end
     return ep
@@ -123,12 +146,12 @@ local function endpoint(self, pattern)
       node.param = node.param or new_node()
       node = node.param
     else
-      node.splat = node.splat or new_ep(names)
+      node.splat = node.splat or new_ep(names, strip(pattern))
       ep = node.splat
     end
   end
   if not ep then
-    node.ep = node.ep or new_ep(names)
+    node.ep = node.ep or new_ep(names, strip(pattern))
     ep = node.ep
   end
   if not same_names(ep.names, names) then
@@ -174,11 +197,58 @@ Router.route = public(function(self, method, pattern, fn)
   return add(self, method, pattern, fn)
 end)
 
--- r:not_found(fn): what answers a path no route has (default: 404).
-function Router:not_found(fn)
-  self.on_not_found = fn
+local function callable(fn)
+  return type(fn) == "function" or (type(fn) == "table" and getmetatable(fn)
+    and getmetatable(fn).__call) and true or false
+end
+
+local function hook(self, field, what, fn)
+  if not callable(fn) then
+    raise("mp.router: " .. what .. " takes a function (got " .. type(fn) .. ")")
+  end
+  self[field] = fn
   return self
 end
+
+-- r:not_found(fn): what answers a path no route has (default: 404).
+Router.not_found = public(function(self, fn) return hook(self, "on_not_found", "not_found", fn) end)
+-- r:method_not_allowed(fn(req, res, allow)): what answers a path routed for
+-- other methods (default: 405 with Allow; Allow is set before fn runs).
+Router.method_not_allowed = public(function(self, fn)
+  return hook(self, "on_405", "method_not_allowed", fn)
+end)
+-- r:on_error(fn(req, res, err)): answers when a middleware or a handler
+-- raised (the error is logged first); if fn doesn't answer, the server's
+-- 500 does.
+Router.on_error = public(function(self, fn) return hook(self, "on_err", "on_error", fn) end)
+
+-- r:use([prefix,] fn(req, res)): middleware, run before the route in the
+-- order added; one that answers (res:sent()) ends the request there. A
+-- prefix ("/api") limits it to that path and the paths under it.
+Router.use = public(function(self, prefix, fn)
+  if fn == nil then prefix, fn = "/", prefix end
+  if type(prefix) ~= "string" or byte(prefix, 1) ~= SLASH then
+    raise("mp.router: r:use's prefix is a path that starts with / (got " .. tostring(prefix) .. ")")
+  end
+  if not callable(fn) then raise("mp.router: r:use takes a function (got " .. type(fn) .. ")") end
+  local mw = self.mw or {}
+  prefix = strip(prefix)
+  mw[#mw + 1] = { prefix = prefix ~= "/" and prefix or nil, fn = fn }
+  self.mw = mw
+  self.run_mw = nil -- linked again on the next request
+  return self
+end)
+
+-- r:after(fn(req, res)): runs after every request the router handled,
+-- answered or failed (for logs and metrics: the answer has gone out
+-- unless it streams). An error in it is logged.
+Router.after = public(function(self, fn)
+  if not callable(fn) then raise("mp.router: r:after takes a function (got " .. type(fn) .. ")") end
+  local list = self.afters or {}
+  list[#list + 1] = fn
+  self.afters = list
+  return self
+end)
 
 -- The walk, in DFS order (literal, then :param, then *splat, going back
 -- when a branch fails): returns the endpoint and fills caps[1..n] with the
@@ -278,7 +348,7 @@ function Router:match(method, path)
   local sep = self.static[p]
   if sep then
     local fn = pick(sep, method)
-    if fn then return fn, {} end
+    if fn then return fn, {}, sep.pattern end
   end
   -- a path with no static route, or whose static route lacks this method
   -- (GET /users/new static, DELETE /users/:id dynamic)
@@ -304,18 +374,23 @@ function Router:match(method, path)
           end
         end
       end
-      return fn, params
+      return fn, params, ep.pattern
     end
   end
   if not sep and not ep then return nil, 404 end
   return nil, 405, allow_of(sep, ep)
 end
 
--- r(req, res): route one request (this is what on_request = r calls).
-function Router:__call(req, res)
+-- Routes one request: the route's handler, or the not-found or 405 answer.
+local function route(self, req, res)
   local fn, params, allow = self:match(req.method, req.path)
   if fn then
     req.params = params
+    -- on a match the third result is the pattern: req.route, the label
+    -- of moonport_http_route_duration_seconds, timed from here by
+    -- lua/moonport/http.lua when the server's module is loaded
+    local mp = loaded.moonport
+    if mp then req.route, req._t0 = allow, mp.now() end
     return fn(req, res)
   end
   if params == 404 then
@@ -325,7 +400,94 @@ function Router:__call(req, res)
   end
   res:header("Allow", allow)
   if req.method == "OPTIONS" then return res:status(204):send() end
+  local na = self.on_405
+  if na then return na(req, res, allow) end
   return res:status(405):header("Content-Type", "text/plain"):send("Method Not Allowed\n")
+end
+
+-- Whether path is prefix or under it, without making a string (find
+-- anchored by its start position: a plain compare at 1 only).
+local function prefixed(path, prefix, n)
+  return find(path, prefix, 1, true) == 1 and (#path == n or byte(path, n + 1) == SLASH)
+end
+
+-- One middleware linked to the rest of the chain (nxt): it runs, and
+-- unless it answered the request goes on to nxt.
+local function link(m, nxt)
+  local fn, prefix = m.fn, m.prefix -- prefix nil: every path
+  if not prefix then
+    return function(self, req, res)
+      fn(req, res)
+      if sent(res) then return end
+      return nxt(self, req, res)
+    end
+  end
+  local n = #prefix
+  return function(self, req, res)
+    if prefixed(req.path, prefix, n) then
+      fn(req, res)
+      if sent(res) then return end
+    end
+    return nxt(self, req, res)
+  end
+end
+
+-- Middleware in order, then the route, unless one answers. The list is
+-- linked into a chain of closures once (each calls its own middleware
+-- and the next link), so the JIT compiles a request's way through them
+-- as one straight trace: a loop over the list would call a different
+-- function at each turn and leave its trace at every one.
+local function chain(self, req, res)
+  local run = self.run_mw
+  if not run then
+    run = route
+    local mw = self.mw
+    if mw then
+      for i = #mw, 1, -1 do run = link(mw[i], run) end
+    end
+    self.run_mw = run
+  end
+  return run(self, req, res)
+end
+
+local log -- mp.log, found on first use (the router also runs without a server)
+local function log_error(req, msg)
+  log = log or require("moonport").log
+  log("error", "mp.router: " .. tostring(req.method) .. " " .. tostring(req.target) ..
+    (req.id and (" [" .. req.id .. "]") or "") .. ": " .. tostring(msg))
+end
+
+-- The full path (on_error, after hooks, around the middleware and the
+-- route): only a router that has some takes it; one with middleware only
+-- runs `chain`, and a plain one `route`, so each costs only what it uses.
+local function full(self, req, res)
+  local ok, err = xpcall(chain, traceback, self, req, res)
+  if not ok and self.on_err and not res:sent() then
+    -- answered by on_error: logged here; otherwise the server's 500 logs it
+    local ok2, err2 = xpcall(self.on_err, traceback, req, res, err)
+    if ok2 and res:sent() then
+      log_error(req, err)
+      ok, err = true, nil
+    elseif not ok2 then
+      log_error(req, err)
+      err = err2
+    end
+  end
+  local afters = self.afters
+  if afters then
+    for i = 1, #afters do
+      local ok3, e = xpcall(afters[i], traceback, req, res)
+      if not ok3 then log_error(req, e) end
+    end
+  end
+  if not ok then error(err, 0) end
+end
+
+-- r(req, res): route one request (this is what on_request = r calls).
+function Router:__call(req, res)
+  if self.on_err or self.afters then return full(self, req, res) end
+  if self.mw then return chain(self, req, res) end
+  return route(self, req, res)
 end
 
 -- r:handler(): a plain function that routes (for APIs that want one).

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.listen { on_connect = function(sock) ... end }: the cosocket style for
 -- servers. Each accepted connection is an mp.tcp socket (lua/moonport/
 -- tcp.lua: receive, receiveuntil, send, settimeouts, close, and peer, uid)

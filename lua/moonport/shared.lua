@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.shared's get through LuaJIT's FFI, which compiles the call into the
 -- caller's trace (the C API's per-call cost was most of a get's time).
 -- Required once per lane by lx_shared_open (src/lx/lx_shared.c), which puts

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.spawn, mp.join, mp.wait_any, t:kill and mp.semaphore: coroutines of
 -- one lane that run side by side (src/lx/lx_task.c holds the C half).
 --

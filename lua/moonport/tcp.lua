@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.tcp: a client socket whose calls wait only their coroutine, in the
 -- shape of OpenResty's cosockets so drivers written for them port easily.
 --
@@ -12,12 +13,15 @@
 -- Failures are nil and "timeout", "closed", or another message. The buffer,
 -- the timers, the pool and the connection itself are src/lx/lx_tcp.c.
 local core = require("moonport.core")
+local addrfilter = require("moonport.addrfilter")
+local resolve = require("moonport.dns")
 local C = core.tcp
 local new, recv, send = C.new, C.recv, C.send
 local arm_connect, arm_io = C.arm_connect, C.arm_io
 local R_N, R_LINE, R_ALL, R_UNTIL = C.R_N, C.R_LINE, C.R_ALL, C.R_UNTIL
 local yield, TOKEN = core.raw_yield, core.wait_token
 local type, error, tostring, concat = type, error, tostring, table.concat
+local pairs, ipairs = pairs, ipairs
 
 local methods = {
   settimeouts = C.settimeouts,
@@ -86,9 +90,59 @@ local function opt_num(v, what)
   return v
 end
 
+-- With deny / allow (moonport.addrfilter): the name is looked up here and
+-- each address checked before it is connected to, in the lookup's order,
+-- the next tried when a connect fails (refused, unreachable, timeout);
+-- TLS still sends and verifies the name. The connect goes to the address
+-- that was checked, so a second lookup can't rebind it.
+local RETRY = { ["connection refused"] = true, ["timeout"] = true,
+  ["network is unreachable"] = true, ["no route to host"] = true,
+  ["host is unreachable"] = true }
+
+local function connect_checked(o, host, tls, deny, allow)
+  local check, ferr = addrfilter.new(deny, allow)
+  if not check then error("mp.tcp: " .. ferr, 3) end
+  local addrs
+  if addrfilter.parse(host) then
+    addrs = { host }
+  else
+    local rerr
+    addrs, rerr = resolve(host, { timeout = o.timeout })
+    if not addrs then return nil, rerr end
+  end
+  -- TLS verifies the name, not the address connected to
+  local t = tls
+  if tls and not addrfilter.parse(host) then
+    t = { sni = host }
+    if type(tls) == "table" then
+      for k, v in pairs(tls) do t[k] = v end
+      t.sni = tls.sni or host
+    end
+  end
+  local last = "no such host"
+  for _, ip in ipairs(addrs) do
+    local ok, why = check(ip)
+    if not ok then
+      last = "address refused: " .. ip .. " (" .. why .. ")"
+    else
+      local s, ready = new(ip, opt_num(o.port, "port"), nil, opt_num(o.timeout, "timeout"),
+        opt_num(o.max_buffer, "max_buffer"), opt_num(o.max_line, "max_line"), o.pool == false, t)
+      if ready then return s end
+      local cok, err = yield(TOKEN, arm_connect, s)
+      if cok then return s end
+      if not RETRY[err] then return nil, err end
+      last = err
+    end
+  end
+  return nil, last
+end
+
 -- mp.tcp { host =, port = | path =, timeout =, max_buffer =, max_line =,
 --          pool = false (connect anew, never take from the pool),
---          tls = true | { verify =, ca =, sni =, cert =, key = } }
+--          tls = true | { verify =, ca =, sni =, cert =, key = },
+--          deny = { "loopback", "private", "10.0.0.0/8", ... } | false,
+--          allow = function(ip) return true end }
+-- (neither given: the lane's default, addrfilter.pick)
 -- or mp.tcp(host, port [, opts]).
 return function(a, b, c)
   local o
@@ -97,7 +151,7 @@ return function(a, b, c)
   elseif type(a) == "string" then
     o = type(c) == "table" and c or {}
     o = { host = a, port = b, timeout = o.timeout, max_buffer = o.max_buffer,
-          max_line = o.max_line, pool = o.pool, tls = o.tls }
+          max_line = o.max_line, pool = o.pool, tls = o.tls, deny = o.deny, allow = o.allow }
   else
     error("mp.tcp: expects { host =, port = } or { path = }, or host, port", 2)
   end
@@ -107,6 +161,10 @@ return function(a, b, c)
   end
   if path ~= nil and type(path) ~= "string" then error("mp.tcp: path must be a string", 2) end
   if host ~= nil and type(host) ~= "string" then error("mp.tcp: host must be a string", 2) end
+  local deny, allow = addrfilter.pick(o.deny, o.allow)
+  if (deny ~= nil or allow ~= nil) and host and not path then
+    return connect_checked(o, host, tls, deny, allow)
+  end
   local s, ready = new(host, opt_num(o.port, "port"), path, opt_num(o.timeout, "timeout"),
     opt_num(o.max_buffer, "max_buffer"), opt_num(o.max_line, "max_line"), o.pool == false, tls)
   if ready then return s end

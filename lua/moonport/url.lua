@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- URL parsing and redirect resolution for mp.fetch (lua/moonport/fetch.lua).
 -- Pure Lua, no server state: spec/lua/url_spec.lua tests it under busted.
 --
@@ -10,16 +11,20 @@ local M = {}
 local find, sub, lower, byte = string.find, string.sub, string.lower, string.byte
 local tonumber, concat = tonumber, table.concat
 
--- parse(s): { scheme, host, port, target, authority } or nil, err, for
--- http:// (port 80 by default) and https:// (443; mp.fetch then speaks
--- TLS through mp.tcp).
-function M.parse(s)
+local HTTP = { http = 80, https = 443 }
+
+-- parse(s, schemes): { scheme, host, port, target, authority } or nil,
+-- err, for http:// (port 80 by default) and https:// (443; mp.fetch then
+-- speaks TLS through mp.tcp), or the schemes given as { name = default
+-- port } (mp.websocket's ws and wss): one parser for every client, so a
+-- host with a blank, CR or LF never reaches a Host line.
+function M.parse(s, schemes)
   if type(s) ~= "string" then return nil, "the URL must be a string" end
   local scheme, rest = s:match("^([%a][%w+.-]*)://(.*)$")
   if not scheme then return nil, "bad URL (no scheme://): " .. s end
   scheme = lower(scheme)
-  if scheme ~= "http" and scheme ~= "https" then return nil, "unsupported scheme: " .. scheme end
-  local dport = scheme == "https" and 443 or 80
+  local dport = (schemes or HTTP)[scheme]
+  if not dport then return nil, "unsupported scheme: " .. scheme end
   local e = find(rest, "[/?#]")
   local auth = e and sub(rest, 1, e - 1) or rest
   local target = e and sub(rest, e) or ""
@@ -79,6 +84,11 @@ local function remove_dots(path)
   return r
 end
 M.remove_dots = remove_dots
+
+-- Whether a header value may go on the wire: any byte but the control
+-- bytes (HTAB excepted) and DEL, as the server requires of what it reads
+-- (RFC 9110 5.5).
+function M.value_ok(v) return not find(v, "[%z\1-\8\10-\31\127]") end
 
 -- resolve(base, location): the absolute URL a Location header names,
 -- relative to the URL `base` that answered (RFC 3986 5.2). A base's

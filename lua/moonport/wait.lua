@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- The waiting functions of the C API (mp.sleep, req:read, ...): a check of
 -- the arguments, then a yield to the lane's runner with the token that
 -- tells it "arm this wait" (src/lx/lx_lane.c, lx_push_waiter).

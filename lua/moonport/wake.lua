@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.wait(fn [, timeout_ms]): the bridge from a callback API to a waiting
 -- coroutine. fn(wake) starts something that later calls wake(...); mp.wait
 -- returns what wake got, or nil and "timeout" after timeout_ms (none when

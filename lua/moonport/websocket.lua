@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- mp.websocket(url, opts): a WebSocket client (RFC 6455) in callback
 -- style, like the server's websocket handlers. The socket is an mp.connect
 -- connection; the frames are the server's C code (src/lx/lx_wsc.c over
@@ -11,9 +12,11 @@
 -- Handshake failures go to on_error(ws, err) and never to on_close; an open
 -- connection ends in exactly one on_close(ws, code, reason).
 local core = require("moonport.core").wsc
+local urlp = require("moonport.url")
+local addrfilter = require("moonport.addrfilter")
 local type, tostring, error, pairs, ipairs = type, tostring, error, pairs, ipairs
 local concat, char, sub, lower = table.concat, string.char, string.sub, string.lower
-local find, match, gsub = string.find, string.match, string.gsub
+local match = string.match
 local setmetatable = setmetatable
 
 local OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
@@ -59,6 +62,10 @@ function WS:send(data, is_text)
     error("ws:send: is_text with bytes that are not UTF-8", 2)
   end
   local op = is_text and OP_TEXT or OP_BINARY
+  -- permessage-deflate agreed: the message deflated, RSV1 (64) on its
+  -- first frame
+  local z = self._reader:deflate(data)
+  if z then data, op = z, op + 64 end
   local frag = self._fragment
   if not frag or #data <= frag then return self._conn:write(core.frame(op, true, data)) end
   -- opts.fragment: a long message goes as frames of at most that many
@@ -210,9 +217,9 @@ local function check_101(self, status, headers)
   if headers["sec-websocket-accept"] ~= self._accept then
     return "handshake: wrong Sec-WebSocket-Accept"
   end
-  if headers["sec-websocket-extensions"] then
-    return "handshake: the server chose an extension, none was offered"
-  end
+  local agreed, err = self._reader:agree(headers["sec-websocket-extensions"])
+  if agreed == nil then return err end
+  self.compressed = agreed
   local p = headers["sec-websocket-protocol"]
   if p then
     for _, o in ipairs(self._offered) do
@@ -299,35 +306,22 @@ end
 
 local FIELDS = { on_open = "function", on_message = "function", on_close = "function",
   on_error = "function", on_pong = "function", protocols = "table", headers = "table",
-  timeout = "number", max_msg = "number", fragment = "number", tls = "table" }
+  timeout = "number", max_msg = "number", fragment = "number", tls = "table",
+  allow = "function", compress = "boolean|table" }
 
-local function bad_header(s) return type(s) ~= "string" or find(s, "[\r\n%z]") ~= nil end
+local function bad_header(s) return type(s) ~= "string" or not urlp.value_ok(s) end
 
--- url -> host, port, target, Host header, tls; or nil, err
-local function parse_url(url)
-  local scheme, rest = match(url, "^(%a[%w+.-]*)://(.*)$")
-  if not scheme then return nil, "mp.websocket: bad url " .. url end
-  scheme = lower(scheme)
-  if scheme ~= "ws" and scheme ~= "wss" then
-    return nil, "mp.websocket: url must be ws:// or wss:// (got " .. scheme .. "://)"
+-- url -> host, port, target, Host header, tls; or nil, err: mp.fetch's
+-- URL parser (moonport.url) with ws and wss for schemes
+local WS_SCHEMES = { ws = 80, wss = 443 }
+local function parse_url(s)
+  local u, err = urlp.parse(s, WS_SCHEMES)
+  if not u then
+    local scheme = match(err, "^unsupported scheme: (.*)$")
+    if scheme then return nil, "mp.websocket: url must be ws:// or wss:// (got " .. scheme .. "://)" end
+    return nil, "mp.websocket: " .. err
   end
-  local auth, target = match(rest, "^([^/?#]*)(.*)$")
-  target = gsub(target, "#.*$", "")
-  if target == "" then target = "/" end
-  if sub(target, 1, 1) == "?" then target = "/" .. target end
-  local host, port
-  if sub(auth, 1, 1) == "[" then
-    host, port = match(auth, "^%[([%x:.]+)%]:?(%d*)$")
-  else
-    host, port = match(auth, "^([^:]+):?(%d*)$")
-  end
-  if not host or host == "" then return nil, "mp.websocket: bad host in " .. url end
-  local tls = scheme == "wss"
-  port = port ~= "" and tonumber(port) or (tls and 443 or 80)
-  if port < 1 or port > 65535 then return nil, "mp.websocket: bad port in " .. url end
-  if find(target, "[%s%z]") then return nil, "mp.websocket: bad path in " .. url end
-  local hosthdr = auth
-  return host, port, target, hosthdr, tls
+  return u.host, u.port, u.target, u.authority, u.scheme == "wss"
 end
 
 function M.connect(url, opts)
@@ -336,8 +330,19 @@ function M.connect(url, opts)
   if type(opts) ~= "table" then error("mp.websocket: handlers must be a table", 2) end
   for k, v in pairs(opts) do
     local want = FIELDS[k]
+    if k == "deny" then
+      want = v == false and "boolean" or "table" -- false: not even mp.http's default
+    end
     if not want then error("mp.websocket: unknown field " .. tostring(k), 2) end
-    if type(v) ~= want then error("mp.websocket: " .. k .. " must be a " .. want, 2) end
+    if type(v) ~= want and not (want == "boolean|table" and (type(v) == "boolean" or type(v) == "table")) then
+      error("mp.websocket: " .. k .. " must be a " .. (want == "boolean|table" and "boolean or a table" or want), 2)
+    end
+  end
+  -- deny / allow as for mp.tcp, checked by mp.connect on the address it
+  -- connects to (a bad entry raises here, at the caller)
+  if opts.deny ~= nil or opts.allow ~= nil then
+    local ok, ferr = addrfilter.new(addrfilter.pick(opts.deny, opts.allow))
+    if not ok then error("mp.websocket: " .. ferr, 2) end
   end
   local max_msg = opts.max_msg or 1048576
   if max_msg < 1 or max_msg > 2 ^ 30 or max_msg % 1 ~= 0 then
@@ -378,9 +383,13 @@ function M.connect(url, opts)
   -- no handlers at all: the waiting style (mp.websocket returns once the
   -- handshake is done; messages come from ws:receive)
   local waiting = not (opts.on_open or opts.on_message or opts.on_close or opts.on_error or opts.on_pong)
+  local made, reader = pcall(core.reader, max_msg, opts.compress)
+  if not made then error("mp.websocket: " .. tostring(reader):gsub("^.-: ", ""), 2) end
+  local offer = reader:offer()
+  if offer then table.insert(req, #req, "Sec-WebSocket-Extensions: " .. offer .. "\r\n") end
   local self = setmetatable({ env = {}, _state = "connecting", _h = opts, _url = url,
     _accept = core.accept(key), _offered = offered, _head = "",
-    _reader = core.reader(max_msg), _fragment = fragment }, WS)
+    _reader = reader, _fragment = fragment, compressed = false }, WS)
   if waiting then
     self._h = waiting_handlers(self)
     self._queue = { first = 1, last = 0 }
@@ -388,6 +397,7 @@ function M.connect(url, opts)
   local m = mp()
   self._conn = m.connect {
     host = host, port = port, connect_timeout = timeout / 1000, tls = tls or nil,
+    deny = opts.deny, allow = opts.allow,
     on_data = function(_, data) on_data(self, data) end,
     on_close = function(_, reason) on_closed(self, reason) end,
     on_fail = function(_, err)

@@ -53,6 +53,11 @@ describe("mp.fetch", function()
     assert.equal("yes", e.headers["x-test"])
     -- no header injection: a CR or LF in a value is refused before sending
     assert.equal("bad header value for X-Test", fetch("/echo", { hdr = "a\r\nX-Evil: 1" }).err)
+    -- nor any control byte but HTAB (as the server refuses them)
+    for _, v in ipairs { "a\11b", "a\127b", "a\0b", "a\27b" } do
+      assert.equal("bad header value for X-Test", fetch("/echo", { hdr = v }).err, ("%q"):format(v))
+    end
+    assert.equal("a\tb", cjson.decode(fetch("/echo", { hdr = "a\tb" }).body).headers["x-test"])
   end)
 
   it("POST with a string body and with a body function (chunked)", function()
@@ -115,6 +120,57 @@ describe("mp.fetch", function()
     assert.same({ "POST", "kept", "/echo?from=307" }, { e.method, e.body, e.url })
     e = cjson.decode(fetch("/r308", { follow = 1, method = "PUT", body = "put" }).body)
     assert.same({ "PUT", "put", "/echo?from=308" }, { e.method, e.body, e.url })
+  end)
+
+  it("a redirect to another origin drops Authorization, Proxy-Authorization and Cookie (redirect_headers = \"drop\": every field of the caller's); the same origin keeps them", function()
+    local e = cjson.decode(fetch("/r307", { follow = 1, creds = 1 }).body)
+    assert.same({ "Basic YTpi", "Basic cDpx", "c=1", "k" },
+      { e.headers.authorization, e.headers["proxy-authorization"], e.headers.cookie, e.headers["x-api-key"] })
+    e = cjson.decode(fetch("/away", { follow = 1, creds = 1 }).body)
+    assert.equal("/echo?from=away", e.url)
+    assert.same({ "localhost", "k" }, { e.headers.host:match("^[^:]*"), e.headers["x-api-key"] })
+    assert.is_nil(e.headers.authorization)
+    assert.is_nil(e.headers["proxy-authorization"])
+    assert.is_nil(e.headers.cookie)
+    e = cjson.decode(fetch("/away", { follow = 1, creds = 1, rh = "drop", hdr = "t" }).body)
+    assert.is_nil(e.headers["x-api-key"])
+    assert.is_nil(e.headers["x-test"])
+    assert.is_nil(e.headers.authorization)
+  end)
+
+  it("deny / allow: checked on each address a lookup gives and on every redirect hop, before the connect; nothing reaches a refused one", function()
+    local n0 = conns()
+    local p = base:match(":(%d+)$")
+    assert.equal("address refused: 127.0.0.1 (loopback)", fetch("/hello", { deny = "loopback" }).err)
+    assert.equal("address refused: 127.0.0.1 (127.0.0.0/8)", fetch("/hello", { deny = "10.0.0.0/8,127.0.0.0/8" }).err)
+    -- the IPv4-mapped form is the same address; a name is checked on what it resolves to
+    assert.equal("address refused: ::ffff:127.0.0.1 (loopback)",
+      fetch("http://[::ffff:127.0.0.1]:" .. p .. "/hello", { deny = "loopback" }).err)
+    local e = fetch("http://localhost:" .. p .. "/hello", { deny = "loopback" }).err
+    assert.truthy(e:find("^address refused: [%x:.]+ %(loopback%)$"), e)
+    assert.equal(n0, conns(), "a refused address was connected to")
+    -- allowed: served; a redirect hop is checked anew
+    assert.equal(200, fetch("/hello", { deny = "private,link-local" }).status)
+    e = fetch("/away", { follow = 1, allow_once = 1 }).err
+    assert.truthy(e and e:find("^address refused: [%x:.]+ %(allow said no%)$"), tostring(e))
+    -- a bad list is the caller's error
+    assert.truthy(fetch("/hello", { deny = "nowhere" }).err:find("not a name, an address or a CIDR", 1, true))
+  end)
+
+  -- RFC 9112 2.2: a recipient may take a bare LF for a line's end (and
+  -- ignore a CR before it); some servers send them. The head used to be
+  -- looked for as "\r\n\r\n" only: such an answer waited for the timeout.
+  it("a response head with bare LF line ends (and a chunked body so) is read", function()
+    local r = fetch("/lf", { timeout = 5000 })
+    assert.same({ 200, "bare lf", "text/plain", "crlf" },
+                { r.status, r.body, r.headers and r.headers["content-type"], r.headers and r.headers["x-mixed"] },
+                cjson.encode(r))
+    r = fetch("/lfchunked", { timeout = 5000 })
+    assert.same({ 200, "abcde" }, { r.status, r.body }, cjson.encode(r))
+    -- still bounded by max_header, however the lines end
+    assert.equal("response header too large", fetch("/lfbig", { timeout = 5000 }).err)
+    r = fetch("/lf", { max_header = 40, timeout = 5000 })
+    assert.equal("response header too large", r.err)
   end)
 
   it("a redirect loop ends with too many redirects", function()

@@ -326,6 +326,30 @@ describe("mp.http", function()
       local r = response(rd)                   -- no path at all: "/" (404 from the app)
       assert.equal(404, r.status)
       assert.equal("no route /\n", r.body)
+      -- the target's authority is the host, whatever Host says (RFC 9112
+      -- 3.2.2)
+      assert.is_true(H.send(c, "GET http://a.example/echo HTTP/1.1\r\nHost: b.example\r\n\r\n"
+        .. "GET http://c.example:81/echo HTTP/1.0\r\nHost: d\r\nConnection: keep-alive\r\n\r\n"))
+      assert.equal("a.example", cjson.decode(response(rd).body).headers.host)
+      assert.equal("c.example:81", cjson.decode(response(rd).body).headers.host)
+    end)
+
+    it("refused with 400 (RFC 9112 3.2, RFC 9110 4.2): another scheme, userinfo or an empty host in the target, a Host that is not host[:port]", function()
+      local _, port = start()
+      for _, req in ipairs {
+        "GET ftp://a.example/p HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        "GET http://user@a.example/p HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        "GET http:///echo HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        "GET /echo HTTP/1.1\r\nHost: a:b:c\r\n\r\n",
+        "GET /echo HTTP/1.1\r\nHost: a:99999999\r\n\r\n",
+        "GET /echo HTTP/1.1\r\nHost: [::1\r\n\r\n",
+      } do
+        local c = H.connect(port)
+        assert.is_true(H.send(c, req))
+        local got = H.read_to_eof(c, H.T(5)) or ""
+        assert.truthy(got:find("^HTTP/1.1 400 "), req:match("^[^\r]*") .. " / " .. req:match("Host: ([^\r]*)")
+          .. ": " .. got:sub(1, 40))
+      end
     end)
 
     it("res:status and res:header chain; res:json; res:redirect; an unanswered request gets an empty response", function()
@@ -1008,7 +1032,8 @@ describe("mp.http", function()
       local r = response(rd)
       assert.equal("HTTP/1.1 500 Internal Server Error", r.status_line)
       assert.equal("Internal Server Error\n", r.body)
-      assert.is_nil(r.headers["x-before-error"], "headers the handler set before the error were sent")
+      -- the 500 keeps the headers the handler set (a request id survives)
+      assert.equal("1", r.headers["x-before-error"])
       assert.is_nil(r.headers.connection)
       -- same connection: the next request works
       assert.is_true(H.send(c, get("/hello")))

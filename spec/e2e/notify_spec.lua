@@ -101,12 +101,15 @@ describe("sd_notify", function()
     assert.equal("READY=1", recv(H.T(5)))
     assert.equal(("notify=nil\n"):rep(srv.threads), srv:stdout())
     srv:kill(H.SIGTERM)
-    assert.equal("STOPPING=1", recv(H.T(5)))
+    assert.equal("STOPPING=1", recv(H.T(5)), srv:describe())
     assert.equal(0, srv:wait_exit(H.T(10)))
     assert.equal("", srv:stderr())
 
     local bad = start({}, { workers = 1, env = { NOTIFY_SOCKET = "relative/path" } })
     bad:wait_stderr("moonport: NOTIFY_SOCKET is not a socket path; not notifying the service manager", H.T(5), true)
+    -- the warning comes as the process starts, before every lane has
+    -- loaded the script (each prints one line): wait for them all
+    bad:wait_stdout(("notify=nil\n"):rep(bad.threads), H.T(10), true)
     assert.equal(("notify=nil\n"):rep(bad.threads), bad:stdout())
     assert.equal(0, bad:stop())
   end)

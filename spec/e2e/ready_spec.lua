@@ -5,6 +5,22 @@ local H = require "spec.helper"
 describe("on_ready", function()
   after_each(H.cleanup)
 
+  -- A small write joins the loop's io_uring batch: pending() says it
+  -- waits, and nothing set on_ready for it (a direct write would have
+  -- sent it), so a protocol that waits for on_ready then hung.
+  it("follows a small write whose bytes pending() reported (the io_uring batch)", function()
+    local port = H.free_port()
+    local srv = H.start("ready.lua", { args = { port, 1 }, wait_port = port })
+    local c = H.connect(port)
+    for i = 1, 3 do
+      H.send(c, "small\n")
+      assert.equal("s", H.read_exact(c, 1, H.T(5)), "round " .. i)
+      assert.equal("SMALL DONE", H.read_line(c, H.T(5)), "round " .. i .. ": on_ready never came")
+    end
+    c:close()
+    assert.equal(0, srv:stop())
+  end)
+
   it("fires after a large write drains", function()
     local size = 8 * 1024 * 1024
     local port = H.free_port()

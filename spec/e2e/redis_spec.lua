@@ -715,6 +715,79 @@ describe("redis", function()
   after_each(cleanup)
 
   describe("pub/sub across servers (--redis)", function()
+    it("the link to Redis has TCP keepalive (keepalive=SECS in the URL; 0: off), so a vanished Redis is found in seconds", function()
+      -- `ss -tnpo`: the server's connection to Redis, and its timer
+      local function link_line(pid)
+        local p = io.popen("ss -tnpoH state established '( dport = :" .. R .. " )' 2>/dev/null")
+        local out = p:read("*a")
+        p:close()
+        for line in out:gmatch("[^\n]+") do
+          if line:find("pid=" .. pid .. ",", 1, true) then return line end
+        end
+      end
+      local A = start { name = "A", redis = "redis://127.0.0.1:" .. R .. "?keepalive=7" }
+      local line
+      H.wait_for(function() line = link_line(A.srv:pid()); return line end, H.T(10), "the link in ss")
+      assert.truthy(line:find("timer:(keepalive,", 1, true), line)
+      local B = start { name = "B", redis = "redis://127.0.0.1:" .. R .. "?keepalive=0" }
+      H.wait_for(function() line = link_line(B.srv:pid()); return line end, H.T(10), "the link in ss")
+      assert.falsy(line:find("keepalive", 1, true), line)
+    end)
+
+    -- The subscriber link came up after the publisher's (a slow rediss://
+    -- start under load): a publish sent then reached Redis before the
+    -- re-SUBSCRIBEs, and the server's own subscribers never had it.
+    it("a publish made while the subscriber link is still coming up waits for it and its SUBSCRIBEs: the server's own subscriber gets it, once", function()
+      -- the relay holds the first connection it accepts (the subscriber
+      -- link, made first) for a while; the publisher link is up at once
+      local pport = H.free_port()
+      local relay = H.spawn { "/usr/bin/python3", H.fixture("hold_first_proxy.py"),
+        tostring(pport), tostring(R), tostring(H.T(2)) }
+      H.wait_for(function() return relay:stdout():find("listening", 1, true) end, H.T(10),
+        function() return "the relay: " .. relay:describe() end)
+      local ch = token() .. ".early"
+      local dir = H.tmpdir()
+      local port = H.free_port()
+      H.write_file(dir .. "/app.lua", ([[
+        local mp = require "moonport"
+        mp.on("start", function()
+          mp.subscribe(%q, function(_, m) io.stdout:write("got ", m, "\n") io.stdout:flush() end)
+          mp.publish(%q, "early")
+        end)
+        mp.http { port = %d, on_request = function(_, res) res:send("ok") end }
+      ]]):format(ch, ch, port))
+      -- /1: a SELECT, so a link is up only once Redis answered through the relay
+      local srv = H.start(dir .. "/app.lua", { wait_port = port, threads = 1,
+        options = { "-w", "1", "--redis", "redis://127.0.0.1:" .. pport .. "/1" } })
+      H.wait_for(function() return srv:stdout():find("got early", 1, true) end, H.T(15),
+        function() return "the early publish: " .. srv:describe() .. "\nrelay: " .. relay:stdout() end)
+      assert.truthy(relay:stdout():find("relaying 2", 1, true), relay:stdout())
+      H.sleep(Q())
+      assert.equal(1, H.count_lines(srv:stdout(), "got early"), srv:stdout())
+      relay:kill(H.SIGKILL)
+    end)
+
+    -- The root's loop ended one iteration after its stop handlers ran,
+    -- before hiredis's write event: their publishes (and the workers'
+    -- last ones, which reach the root as it stops) never left.
+    it("publishes from mp.on(\"stop\") reach Redis, the root lane's too", function()
+      local ch = token() .. ".bye"
+      local raw = assert(Resp.connect(R))
+      raw:send("SUBSCRIBE", ch)
+      wait_numsub(R, ch, 1, "the plain subscriber")
+      local A = start { name = "A", redis = R, workers = 2, env = { PUBSUB_NODE_STOP_PUB = ch } }
+      local want = 1 + 2 * A.lanes -- the root's lane and every worker lane
+      assert.equal(0, A.srv:stop())
+      local msgs = raw:messages_until(function(l) return #l >= want end, H.T(10),
+        want .. " publishes from stop handlers")
+      local roots = 0
+      for _, m in ipairs(msgs) do
+        if m.msg:match("^stop root ") then roots = roots + 1 end
+      end
+      assert.equal(1, roots)
+      raw:close()
+    end)
+
     it("two servers with -w 2 on one Redis: a cluster publish reaches exact and pattern subscribers on both, once per subscription; tables arrive as tables; process, siblings and root stay in the server", function()
       local tok = token()
       local ch, pat, other = tok .. ".news", tok .. ".ne*", tok .. ".nexus"
@@ -1263,12 +1336,12 @@ describe("redis", function()
 
     it("a bad --redis URL or MOONPORT_REDIS: one line on stderr, exit status 1, nothing listening; MOONPORT_REDIS works like --redis", function()
       local cases = {
-        { { "--redis", "http://x" }, nil, "moonport: --redis: 'http://x' is not a redis:// URL" },
+        { { "--redis", "http://x" }, nil, "moonport: --redis: 'http://x' is not a redis://, rediss:// or unix:// URL" },
         { { "--redis", "redis://127.0.0.1:99999" }, nil,
           "moonport: --redis: bad port in the Redis URL 'redis://127.0.0.1:99999'" },
         { { "--redis", "redis://127.0.0.1/x" }, nil,
           "moonport: --redis: bad database number in the Redis URL 'redis://127.0.0.1/x'" },
-        { { "-w", "2" }, { MOONPORT_REDIS = "ftp://x" }, "moonport: --redis: 'ftp://x' is not a redis:// URL" },
+        { { "-w", "2" }, { MOONPORT_REDIS = "ftp://x" }, "moonport: --redis: 'ftp://x' is not a redis://, rediss:// or unix:// URL" },
       }
       for _, case in ipairs(cases) do
         local port = H.free_port()
@@ -1428,9 +1501,10 @@ describe("redis", function()
       local dead = H.free_port()
       k = line_client(K)
       assert.equal("new", k.cmd("new " .. enc("redis://127.0.0.1:" .. dead)))
+      -- it connects on first use: r:connected() is one
+      assert.equal("connected false", k.cmd("connected"))
       K.srv:wait_stderr(("redis (mp.redis): cannot connect to 127.0.0.1:%d: Connection refused (attempt 1; retrying)"):format(dead),
         H.T(5), true)
-      assert.equal("connected false", k.cmd("connected"))
       local sent = k.cmd("cb GET x")
       if sent == "sent true <nil>" then    -- caught while connecting: it fails later
         assert.equal('cb= <nil> "connection\\032lost"', k.line())

@@ -10,6 +10,7 @@
 -- The script is spec/fixtures/reload_app.lua, copied into a temp dir with
 -- its version ("v1", "v2", ...) filled in, and rewritten there.
 local H = require "spec.helper"
+local lfs = require "lfs"
 local ffi = require "ffi"     -- kill(2) is declared by spec/helper.lua
 
 local children, running = H.children, H.running
@@ -53,7 +54,8 @@ local function cleanup()
 end
 
 -- Writes v1 of the app into a fresh temp dir and starts it with -w N
--- (default 2) and opts.options; waits until every worker runs.
+-- (default 2), --log-level info (unless opts.quiet) and opts.options;
+-- waits until every worker runs.
 local function start_app(opts)
   opts = opts or {}
   local n = opts.workers or 2
@@ -62,6 +64,10 @@ local function start_app(opts)
   write_file(path, app_text("v1", opts.extra))
   local port = H.free_port()
   local options = { "-w", n }
+  if not opts.quiet then -- a routine reload logs at info
+    options[#options + 1] = "--log-level"
+    options[#options + 1] = "info"
+  end
   for _, o in ipairs(opts.options or {}) do options[#options + 1] = o end
   local srv = H.start(path, { threads = 1, grace = opts.grace, options = options,
                               args = { port }, wait_port = port })
@@ -185,7 +191,7 @@ describe("hot reload", function()
   end)
 
   it("a script that does not load changes nothing (one line on stderr); once fixed it reloads", function()
-    local app = start_app()
+    local app = start_app { quiet = true }
     local srv = app.srv
     local before = children(app.root)
     local nlines = #H.lines(TEMPLATE)
@@ -296,6 +302,61 @@ describe("hot reload", function()
 
     assert.equal(0, srv:stop())
     assert.is_false(H.exists(pidfile), "the pid file is still there after the exit")
+  end)
+
+  it("a new worker counts as serving once its mp.on(\"start\") handlers returned: --reload returns after them", function()
+    -- The new code's start handler takes half a second (a blocking
+    -- sleep). The root retires an old worker, and --reload returns, only
+    -- when the new workers said they serve: each has printed its line.
+    local pidfile = H.tmpdir() .. "/moonport.pid"
+    local app = start_app { options = { "--pidfile", pidfile } }
+    local srv = app.srv
+    H.wait_for(function() return H.exists(pidfile) end, H.T(5), "the pid file")
+    local slow = "\nmp.on('start', function()\n" ..
+      "  if mp.is_root() then return end\n" ..
+      "  os.execute('sleep 0.5')\n" ..
+      "  io.write(('slow start done pid=%d\\n'):format(mp.pid())) io.flush()\n" ..
+      "end)\n"
+    write_app(app, "v2", slow)
+    local st, out, err = H.run { "--reload", pidfile }
+    assert.equal(0, st, err)
+    assert.truthy(out:find("reloaded: every worker runs the new code"), out)
+    assert.equal(app.n, #srv:stdout_lines("^slow start done pid="), srv:stdout())
+    assert.equal(app.n, #srv:stdout_lines("^start worker v2 "), srv:stdout())
+    wait_rolled(app, "v2")
+    assert.equal(0, srv:stop())
+  end)
+
+  it("--reload and --reopen-logs signal only a moonport server: a pid file naming another program is refused and it lives on; a link planted beside the pid file is not written through", function()
+    local dir = H.tmpdir()
+    local other = H.spawn { "/bin/sleep", "60" }
+    local pf = dir .. "/other.pid"
+    write_file(pf, other:pid() .. "\n")
+    for _, cmd in ipairs { "--reload", "--reopen-logs" } do
+      local st, out, err = H.run { cmd, pf }
+      assert.equal(1, st, cmd .. ": " .. out .. err)
+      local line = H.one_line(err)
+      assert.truthy(plain(line, ("pid %d (from %s) is not a moonport server: it runs /"):format(other:pid(), pf)),
+        line)
+    end
+    assert.is_true(other:alive(), "the program the pid file named got the signal")
+    other:kill(H.SIGKILL)
+
+    -- the reload outcome is written through an unpredictable name: a link
+    -- planted at the old predictable one points at a file that stays whole
+    local pidfile = dir .. "/moonport.pid"
+    local app = start_app { options = { "--pidfile", pidfile } }
+    H.wait_for(function() return H.exists(pidfile) end, H.T(5), "the pid file")
+    local victim = dir .. "/precious"
+    write_file(victim, "precious\n")
+    assert(lfs.link(victim, ("%s.reload.%d.tmp"):format(pidfile, app.root), true))
+    assert(lfs.link(victim, ("%s.%d.tmp"):format(pidfile, app.root), true))
+    write_app(app, "v2")
+    local st, out, err = H.run { "--reload", pidfile }
+    assert.equal(0, st, out .. err)
+    assert.equal("precious\n", H.read_file(victim))
+    assert.equal("file", lfs.symlinkattributes(pidfile .. ".reload", "mode"))
+    assert.equal(0, app.srv:stop())
   end)
 
   it("--reload on a one-process server (-w 1, no root to roll workers) fails with the reason and status 1; the server goes on", function()

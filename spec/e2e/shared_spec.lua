@@ -163,7 +163,7 @@ describe("mp.shared", function()
     local dir = H.tmpdir()
     local sizefile = dir .. "/size"
     local f = assert(io.open(sizefile, "w")) f:write("1m\n") f:close()
-    local srv, port = start({ sizefile }, { workers = 2, threads = 1 })
+    local srv, port = start({ sizefile }, { workers = 2, threads = 1, options = { "-v" } })
     local c = reach(port, 1)[1].c
     assert.equal("ok false", ask(c, "set main survivor here"))
     assert.equal("1", ask(c, "incr main count 1 0"))
@@ -202,7 +202,7 @@ describe("mp.shared", function()
     local dir = H.tmpdir()
     local sizefile = dir .. "/size"
     local f = assert(io.open(sizefile, "w")) f:write("1m\n") f:close()
-    local srv, port = start({ sizefile }, { workers = 2, threads = 1 })
+    local srv, port = start({ sizefile }, { workers = 2, threads = 1, options = { "-v" } })
     local c = reach(port, 1)[1].c
     assert.equal("ok false", ask(c, "set main keep me"))
     local before = H.children(srv:pid())

@@ -74,7 +74,12 @@ describe("graceful shutdown", function()
     local took = H.now() - t0
     assert.equal(0, st, tostring(how))
     assert.is_true(took >= 0.8, ("exited after %.2fs, before the 1 s grace deadline"):format(took))
-    assert.is_true(took <= 1 + H.T(2), ("exited after %.2fs with -g 1"):format(took))
+    -- cut by the worker at its deadline, not by the root's kill 2 s later
+    -- (which says so); how long the exit then takes is the machine's
+    assert.falsy(H.plain(srv:stderr(), "did not stop in time"), ("killed after %.2fs with -g 1: %s"):format(
+      took, srv:stderr()))
+    assert.truthy(srv:stdout():find("close shutdown", 1, true) or srv:stdout():find("close timeout", 1, true),
+      srv:stdout())
     assert.equal("bye\n", (H.read_to_eof(fine, H.T(3))))
     -- the stuck client gets part of the 16 MB, then the connection is gone
     local data, err = H.read_to_eof(stuck, H.T(5))

@@ -110,3 +110,22 @@ describe("timers", function()
     assert.equal(0, srv:stop())
   end)
 end)
+
+describe("a timeout armed late in a slow callback", function()
+  after_each(H.cleanup)
+
+  -- Each was armed from the loop's stamp taken before the callback ran, so
+  -- it fired as much early as the callback had run (1.5 s after 1 s of
+  -- work: 0.5 s). The bound is a lower one: a loaded machine only adds.
+  it("lasts its whole delay: mp.redis connect_timeout, mp.tcp's TLS handshake, mp.wait", function()
+    local port = H.free_port()
+    H.start("late_timeout.lua", { args = { port }, wait_port = port })
+    for what, err in pairs { redis = "connect timeout", tcp = "timeout", wait = "timeout" } do
+      local r = H.get_json(port, "/" .. what, H.T(20))
+      assert.equal(err, r.err, what)
+      assert.is_true(r.ms >= 1495, ("%s: a 1500 ms timeout fired after %d ms"):format(what, r.ms))
+      -- and mp.now() moved with the clock across the callback
+      assert.is_true(r.now_ms >= 1495, ("%s: mp.now() moved %d ms"):format(what, r.now_ms))
+    end
+  end)
+end)

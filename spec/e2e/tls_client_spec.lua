@@ -43,7 +43,9 @@ describe("TLS clients", function()
   local function run(case, q)
     local parts = { "/run?case=" .. case }
     for k, v in pairs(q or {}) do parts[#parts + 1] = k .. "=" .. esc(v) end
-    return get(port, table.concat(parts, "&"))
+    local ok, r = pcall(get, port, table.concat(parts, "&"))
+    if not ok then error(tostring(r) .. "\n" .. app:describe(), 0) end
+    return r
   end
   local function mine(path) return "https://127.0.0.1:" .. ports.https .. path end
   local function theirs(path) return "https://localhost:" .. nport .. path end
@@ -181,13 +183,16 @@ describe("TLS clients", function()
       assert.is_true(e.body == big)
     end)
 
-    it("follows redirects https -> https (to another server) and https -> http", function()
+    it("follows redirects https -> https (to another server), and https -> http with allow_downgrade only", function()
       local r = run("fetch", { url = mine("/to?url=" .. esc(theirs("/hello"))), tls = "ca", follow = 2 })
       assert.same({ 200, "hello from node https", theirs("/hello") }, { r.status, r.body, r.url })
       r = run("fetch", { url = theirs("/to?url=" .. esc(mine("/hello"))), tls = "ca", follow = 2 })
       assert.same({ 200, "hello from moonport https" }, { r.status, r.body })
+      -- https -> http only when asked (the rest would go in the clear)
       local plain = "http://127.0.0.1:" .. port .. "/ports"
       r = run("fetch", { url = mine("/to?url=" .. esc(plain)), tls = "ca", follow = 1 })
+      assert.equal("redirect from https to http refused (allow_downgrade = true follows it)", r.err)
+      r = run("fetch", { url = mine("/to?url=" .. esc(plain)), tls = "ca", follow = 1, downgrade = 1 })
       assert.same({ 200, ports.https }, { r.status, cjson.decode(r.body).https })
       -- and without follow, the 302 itself
       r = run("fetch", { url = mine("/to?url=" .. esc(plain)), tls = "ca" })
@@ -313,6 +318,48 @@ describe("TLS clients", function()
       local data = H.read_to_eof(c, H.T(10))
       c:close()
       assert.truthy(data:match("^HTTP/1%.1 500"), data)
+    end)
+
+    it("--redis rediss://: publishes from mp.on(\"stop\") reach Redis, the root lane's too", function()
+      -- The TLS connection to Redis outlives the shutdown's start: what the
+      -- stop handlers publish goes out before it closes.
+      local ch = "bye" .. math.random(1e9)
+      local sub = H.spawn { "/usr/bin/redis-cli", "--tls", "--cacert", dir .. "/ca.pem", "-h", "127.0.0.1",
+        "-p", tostring(rport), "SUBSCRIBE", ch }
+      H.wait_for(function() return cli("PUBSUB", "NUMSUB", ch):match("\n(%d+)$") == "1" end,
+                 H.T(10), "redis-cli's subscription")
+      local p = H.free_port()
+      local srv = H.start("pubsub_node.lua", { args = { p }, wait_port = p,
+        options = { "-w", "2", "--redis", url() }, env = { PUBSUB_NODE_STOP_PUB = ch } })
+      local want = 1 + 2 * srv.threads -- the root's lane and every worker lane
+      H.wait_for(function() return #srv:stdout_lines("^ready ") >= want end, H.T(10),
+                 function() return "ready: " .. srv:describe() end)
+      local function stops(pat)
+        local n = 0
+        for _, l in ipairs(H.lines(sub:stdout())) do
+          if l:match(pat) then n = n + 1 end
+        end
+        return n
+      end
+      -- the server's link to Redis is up (a publish before it is, queued
+      -- for the connect, is not this case's): one publish goes through
+      local c = H.connect(p)
+      H.send(c, "pub - " .. ch .. " hello\n")
+      assert.equal("ok pub", H.read_line(c))
+      c:close()
+      H.wait_for(function() return stops("^hello$") == 1 end, H.T(10),
+                 function() return "the first publish: " .. sub:stdout() .. "\n" .. srv:describe() end)
+      assert.equal(0, srv:stop())
+      local got
+      H.wait_for(function()
+        got = stops("^stop ")
+        return got >= want
+      end, H.T(10), function()
+        return ("%d of %d publishes from stop handlers: %s\n%s"):format(got, want, sub:stdout(), srv:describe())
+      end)
+      assert.equal(1, stops("^stop root "), sub:stdout())
+      assert.equal(want, got, sub:stdout())
+      sub:kill(H.SIGKILL)
     end)
 
     it("--redis rediss://: pub/sub between two servers, redis-cli's publishes, and a Redis restart", function()

@@ -196,6 +196,14 @@ describe("mp.websocket", function()
     assert.same({ "error connection refused" }, run("plain", "wss://127.0.0.1:" .. H.free_port() .. "/"))
     assert.same({ "nil mp.websocket: url must be ws:// or wss:// (got http://)" },
                 run("plain", "http://127.0.0.1:1/"))
+    -- the authority goes through mp.fetch's URL parser: a blank, CR or LF
+    -- in it never reaches the Host line
+    for _, bad in ipairs { "ws://127.0.0.1\r\nX-Evil: 1:" .. wsport .. "/", "ws://127.0.0.1 x:" .. wsport .. "/",
+        "ws://127.0.0.1:" .. wsport .. "\r\nX: y/" } do
+      local ev = run("plain", bad)
+      assert.equal(1, #ev, bad)
+      assert.truthy(ev[1]:find("^nil mp.websocket: bad URL %("), bad .. ": " .. ev[1])
+    end
   end)
 
   it("a Lua error in on_message drops that connection (1006) and the lane keeps serving", function()

@@ -34,6 +34,14 @@ async function openChat(browser, name) {
   const page = await context.newPage();
   page.on('pageerror', (e) => out({ page: name, pageerror: e.message }));
   page.on('websocket', (ws) => out({ page: name, websocket: ws.url() }));
+  // the extension the server answered in its 101, seen through CDP
+  const cdp = await context.newCDPSession(page);
+  await cdp.send('Network.enable');
+  cdp.on('Network.webSocketHandshakeResponseReceived', (e) => {
+    const h = e.response.headers || {};
+    const k = Object.keys(h).find((n) => n.toLowerCase() === 'sec-websocket-extensions');
+    out({ page: name, ws_extensions: k ? h[k] : null });
+  });
   const res = await page.goto(url, { timeout: T });
   if (https) {
     const sec = await res.securityDetails();
@@ -76,6 +84,13 @@ async function say(step, from, fromName, to, text) {
       .some((li) => li.textContent.startsWith(w)), want, { timeout: T });
   } catch (e) {
     ok = false;
+  }
+  // the sender's own copy comes back through the channel on its own time
+  // (from its worker, while `to` may sit on the other): waited for, not
+  // asserted here (the spec reads from_has)
+  if (ok) {
+    await from.waitForFunction((w) => [...document.querySelectorAll('#messages li')]
+      .some((li) => li.textContent.startsWith(w)), want, { timeout: T }).catch(() => {});
   }
   out({ step, ok, ms: Date.now() - t0, want, to_has: await messages(to),
     from_has: await messages(from), input_left: await from.inputValue('#text') });

@@ -10,11 +10,15 @@
 //   /connclose -> "bye" with Connection: close
 //   /r301 /r302 /r303 /r307 /r308 -> redirects (relative, absolute, ...)
 //   /loop     -> a redirect to itself
+//   /away     -> a 302 to /echo?from=away at localhost (another origin)
 //   /slow?ms=N -> "slow" after N ms
 //   /bighdr   -> a 100 KB header field
 //   /lying    -> Content-Length: 100, then 5 bytes and the close
 //   /forever  -> a chunked body that never ends
 //   /reset    -> half a body, then a TCP reset
+//   /lf       -> a head whose lines end in a bare LF (one in CRLF)
+//   /lfchunked -> a 100 and a chunked answer, bare LF throughout
+//   /lfbig    -> 1,000 fields of a bare-LF head (past max_header)
 //   /arm      -> "armed"; the next request on that connection gets no
 //                answer, its connection is closed (a dead pooled one)
 // Prints {"port": N} once it listens on 127.0.0.1 (a port the kernel picks).
@@ -68,6 +72,8 @@ const server = http.createServer((req, res) => {
                  303: "echo?from=303", 307: "/echo?from=307", 308: "./echo?from=308" }[code];
     req.resume();
     req.on("end", () => { res.statusCode = code; res.setHeader("Location", to); res.end("moved"); });
+  } else if (p === "/away") {
+    res.statusCode = 302; res.setHeader("Location", `http://localhost:${port}/echo?from=away`); res.end();
   } else if (p === "/loop") {
     res.statusCode = 302; res.setHeader("Location", "/loop"); res.end();
   } else if (p === "/slow") {
@@ -84,6 +90,14 @@ const server = http.createServer((req, res) => {
     raw(req, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\nhalf", (sock) => {
       setTimeout(() => sock.resetAndDestroy(), 30);
     });
+  } else if (p === "/lf") {
+    raw(req, "HTTP/1.1 200 OK\nContent-Type: text/plain\nX-Mixed: crlf\r\nContent-Length: 7\n\nbare lf");
+  } else if (p === "/lfchunked") {
+    raw(req, "HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n" +
+             "3\nabc\n2\r\nde\n0\nX-Trailer: t\n\n");
+  } else if (p === "/lfbig") {
+    raw(req, "HTTP/1.1 200 OK\n" + ("X-Many: " + "y".repeat(100) + "\n").repeat(1000) +
+             "Content-Length: 2\n\nok");
   } else if (p === "/arm") {
     req.socket.armed = true;
     res.end("armed");
