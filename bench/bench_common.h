@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* bench_common.h: helpers shared by the benchmark load generators (echo_load.c, pubsub_load.c). */
 #ifndef BENCH_COMMON_H
 #define BENCH_COMMON_H

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- Echo server for the benchmark harness (scripts/bench-echo), used only
 -- while examples/echo.lua does not exist yet.
 -- usage: moonport -t 1 bench/echo.lua [port]   (port defaults to 3000)

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- Echo whose connections each carry Lua state (conn object and conn.env),
 -- for measuring memory per idle connection with its Lua side.
 local mp = require "moonport"

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /*
  * echo_floor: the cost floor for the moonport echo benchmark.
  *

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /*
  * echo_load: TCP echo load generator for the moonport benchmark harness
  * (scripts/bench-echo). Single-threaded, epoll, one process.

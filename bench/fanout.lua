@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- WebSocket fan-out server for scripts/bench-fanout (load generator:
 -- bench/pubsub_load.c -W /ws; the Node peer is bench/node_fanout.js).
 -- usage: moonport -w 1 bench/fanout.lua [port [channel]]

@@ -1,5 +1,7 @@
+-- SPDX-License-Identifier: MIT
 -- HTTP server for the benchmark harness (scripts/bench-http).
--- usage: moonport -w 1 -t 1 bench/http.lua [port [public_dir]]   (port defaults to 3003)
+-- usage: moonport -w 1 -t 1 bench/http.lua [port [public_dir [h2c]]]   (port defaults to 3003)
+--   h2c: "h2c" also takes cleartext HTTP/2 (scripts/bench-reload's h2 rows)
 --   GET /json -> {"message":"Hello, World!","n":1,"ok":true} (application/json, cjson)
 --   a file under public_dir (when given) -> served from C by mp.http's `public`
 --     (the benchmark's static endpoint: GET /static/1k.txt)
@@ -16,6 +18,7 @@ mp.http {
   address = "127.0.0.1",
   public = public,
   public_prefix = public and "/static/" or nil,
+  h2c = mp.args[3] == "h2c",
   on_request = function(req, res)
     if req.path == "/json" then
       return res:json { message = "Hello, World!", n = 1, ok = true }

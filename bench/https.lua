@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- HTTPS server for scripts/bench-tls (and scripts/bench-tls-idle).
 -- usage: moonport -w 1 -t 1 bench/https.lua PORT CERT KEY [PLAIN_PORT]
 --   PORT        mp.http over TLS (tls = {cert = CERT, key = KEY})

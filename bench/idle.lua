@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- Server of scripts/bench-idle: what idle connections cost.
 -- usage: moonport -w 1 bench/idle.lua PORT
 --   PORT       raw TCP echo (mp.listen)
@@ -25,6 +26,9 @@ mp.http {
     res:send("Hello World")
   end,
   websocket = {
+    -- permessage-deflate for the clients that offer it (bench-idle's wsz
+    -- row): the defaults, no server context takeover, and "tick" deflated
+    compress = { threshold = 0 },
     on_open = function(ws) ws:subscribe("room") end,
   },
 }

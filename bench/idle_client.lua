@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- Client of scripts/bench-idle (LuaJIT + lua-socket): opens N connections
 -- of one kind to a server, has each do one exchange, keeps them all open
 -- and idle, and prints the growth of the server's RSS per connection.
@@ -7,6 +8,8 @@
 --        ws    each upgrades (the server subscribes it); then, with
 --              PUB_PORT, one message is published and every connection
 --              reads it, and the RSS is measured again
+--        wsz   the same with permessage-deflate offered (as a browser
+--              does); the message arrives deflated (RSV1 checked)
 -- Prints "KIND bytes_per_connection [after_message_bytes_per_connection]".
 local socket = require "socket"
 
@@ -48,23 +51,33 @@ for i = 1, n do
   elseif kind == "http" then
     assert(c:send("GET / HTTP/1.1\r\nHost: b\r\n\r\n"))
     read_until(c, "Hello World")
-  elseif kind == "ws" then
+  elseif kind == "ws" or kind == "wsz" then
     assert(c:send("GET /ws HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+      .. (kind == "wsz" and "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n" or "")
       .. "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"))
-    read_until(c, "\r\n\r\n")
+    local head = read_until(c, "\r\n\r\n")
+    if kind == "wsz" then assert(head:lower():find("permessage-deflate", 1, true), "not agreed") end
   end
   conns[i] = c
 end
 socket.sleep(1.5)
 local idle = (rss_kb() - base) * 1024 / n
 local after
-if kind == "ws" and pub_port then
+if (kind == "ws" or kind == "wsz") and pub_port then
   local p = assert(socket.tcp())
   assert(p:connect("127.0.0.1", pub_port))
   assert(p:send("GET /pub HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n"))
   p:receive("*a")
   p:close()
-  for _, c in ipairs(conns) do read_until(c, "tick") end
+  for _, c in ipairs(conns) do
+    if kind == "wsz" then -- one deflated frame: RSV1, a short length
+      local h = assert(c:receive(2))
+      assert(h:byte(1) >= 0xC0, "not deflated")
+      assert(c:receive(h:byte(2) % 128))
+    else
+      read_until(c, "tick")
+    end
+  end
   socket.sleep(1.5)
   after = (rss_kb() - base) * 1024 / n
 end

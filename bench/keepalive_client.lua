@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- `luajit bench/keepalive_client.lua PORT N PATH`: N sequential keep-alive GETs
 -- of PATH on 127.0.0.1:PORT, each answer read whole (scripts/bench-router's
 -- instruction counts under callgrind).

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- bench-proxy's moonport row: every request fetches the upstream's body
 -- with mp.fetch (the lane's keep-alive pool) and returns it.
 -- Usage: moonport bench/proxy.lua PORT UPSTREAM_PORT

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- Pub/sub fan-out server for the benchmark harness (scripts/bench-pubsub,
 -- load tool bench/pubsub_load.c).
 -- usage: moonport -w 2 bench/pubsub.lua [port [channel]]

@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /*
  * pubsub_load: pub/sub fan-out load generator for the moonport benchmark
  * harness (scripts/bench-pubsub), against bench/pubsub.lua. Single-threaded,

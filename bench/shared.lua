@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- scripts/bench-shared's moonport side. Usage:
 --   moonport -w 2 bench/shared.lua multi OPS  each worker runs the loop of
 --       bench/shared_loop.lua OPS times once both are ready, and prints

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- The loop of scripts/bench-shared, the same code in moonport (bench/shared.lua)
 -- and in nginx + Lua (bench/nginx_shared.conf.in): n operations on 10,000
 -- keys, 90 % get, 5 % set, 5 % incr (on 100 counters), the keys visited in

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- wrk script for scripts/bench-http: prints one machine-readable line at the
 -- end of a run (latencies in microseconds). Defines only done(), so wrk keeps
 -- its fast path (the same pre-built request on every connection).

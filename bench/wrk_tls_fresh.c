@@ -1,3 +1,5 @@
+/* SPDX-License-Identifier: MIT */
+
 /* LD_PRELOAD shim for wrk in scripts/bench-tls: makes every TLS connection
  * wrk opens a full handshake, and counts what the handshakes were.
  *
