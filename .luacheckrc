@@ -14,5 +14,6 @@ files["examples/**"] = { max_line_length = false }
 exclude_files[#exclude_files + 1] = "spec/fixtures/*syntax_error*.lua"
 files["spec/fixtures/**"] = { allow_defined = true, ignore = { "131", "232", "412" } }
 files["bench/shared_loop.lua"] = { read_globals = { "ngx" } }
+files["bench/limit_loop.lua"] = { read_globals = { "ngx" } }
 -- wrk's script API
 files["bench/wrk_*.lua"] = { globals = { "wrk", "setup", "init", "delay", "request", "response", "done" } }

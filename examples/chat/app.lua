@@ -53,8 +53,12 @@ mp.http {
     res:header("Content-Type", f[2]):header("Cache-Control", "no-cache")
     res:sendfile(here .. f[1])
   end,
+  compress = true, -- the page, its script and style: gzip or br
   websocket = {
     max_msg = 16384,
+    -- permessage-deflate with browsers (all offer it); the server deflates
+    -- each published message once for every subscriber
+    compress = true,
     on_open = function(ws, req)
       if req.path ~= "/ws" then return ws:close(1008, "the chat is at /ws") end
       ws:subscribe("chat")
