@@ -515,6 +515,60 @@ describe("static files (mp.http public)", function()
       assert.is_nil(r.headers["content-encoding"])
       assert.is_nil(r.headers.vary)
     end)
+
+    -- The server remembers which files have no sibling (so a request
+    -- does not look again); whatever changes in the folder is seen by
+    -- the very next request. One connection keeps every request on the
+    -- lane that remembered.
+    it("siblings made, renamed in, removed and a folder replaced while serving: the next request sees each", function()
+      local _, pub = tree()
+      local _, port = start(pub)
+      local plain = read(pub .. "/notes.txt")
+      local c = H.connect(port)
+      local buf = { s = "" }
+      local function ask(path, ae)
+        assert.is_true(H.send(c, get(path, ae and ("Accept-Encoding: " .. ae .. "\r\n") or "")))
+        local r = response(c, buf)
+        assert.equal(200, r.status, path)
+        return r
+      end
+      local function is_plain(r, vary, what, want)
+        assert.equal(want or plain, r.body, what)
+        assert.is_nil(r.headers["content-encoding"], what)
+        assert.equal(vary and "Accept-Encoding" or nil, r.headers.vary, what)
+      end
+      for i = 1, 3 do is_plain(ask("/notes.txt", "gzip, br"), false, "no sibling, request " .. i) end
+      -- a .br written beside and renamed in (IN_MOVED_TO)
+      write_file(pub .. "/.notes.tmp", "BR BYTES")
+      assert(os.rename(pub .. "/.notes.tmp", pub .. "/notes.txt.br"))
+      local r = ask("/notes.txt", "br")
+      assert.equal("br", r.headers["content-encoding"])
+      assert.equal("BR BYTES", r.body)
+      assert.equal("Accept-Encoding", r.headers.vary)
+      is_plain(ask("/notes.txt"), true, "a client that takes none: the original, with Vary")
+      is_plain(ask("/notes.txt", "gzip"), true, "a gzip client, no .gz yet")
+      -- a .gz made in place (IN_CREATE)
+      write_file(pub .. "/notes.txt.gz", "GZ BYTES")
+      r = ask("/notes.txt", "gzip")
+      assert.equal("gzip", r.headers["content-encoding"])
+      assert.equal("GZ BYTES", r.body)
+      -- the .br removed: a br client gets the original, with Vary (the .gz is there)
+      assert(os.remove(pub .. "/notes.txt.br"))
+      is_plain(ask("/notes.txt", "br"), true, "after the .br went")
+      assert(os.remove(pub .. "/notes.txt.gz"))
+      is_plain(ask("/notes.txt", "gzip, br"), false, "after both went")
+      -- a folder replaced by another one that has a sibling
+      local page = read(pub .. "/sub/page.txt")
+      is_plain(ask("/sub/page.txt", "gzip"), false, "sub/page.txt as it is", page)
+      assert(os.rename(pub .. "/sub", pub .. "/sub.old"))
+      lfs.mkdir(pub .. "/sub")
+      write_file(pub .. "/sub/page.txt", page)
+      write_file(pub .. "/sub/page.txt.gz", "NEW GZ")
+      r = ask("/sub/page.txt", "gzip")
+      assert.equal("gzip", r.headers["content-encoding"])
+      assert.equal("NEW GZ", r.body)
+      c:close()
+    end)
   end)
 
   describe("no escape from the folder", function()

@@ -17,6 +17,7 @@
 
 #include "core/log.h"
 #include "http/compress.h"
+#include "http/sibling.h"
 #include "http/static.h"
 
 #ifndef SYS_openat2
@@ -156,10 +157,23 @@ static void pb__send(conn_t *c, http_conn_t *hc, int fd,
                   pref == HTTP_CODING_BR ? HTTP_CODING_GZIP : HTTP_CODING_BR};
   bool vary = false;
   int coding = HTTP_CODING_IDENTITY;
+  /* which siblings there are, when this thread has looked since the
+   * folder last changed (sibling.h); else both are looked for, after
+   * the folder is watched, and what was found is remembered */
+  uint64_t dev = (uint64_t)st->st_dev, ino = (uint64_t)st->st_ino;
+  int known = http_sib_get(rel, n, dev, ino);
+  bool learn = known < 0 && http_sib_watch(hc->srv->public_fd, rel, n);
+  unsigned found = 0;
   for (int k = 0; k < 2; k++) {
     int cd = order[k];
+    unsigned bit = cd == HTTP_CODING_BR ? HTTP_SIB_BR : HTTP_SIB_GZ;
     bool want = takes[cd] && coding == HTTP_CODING_IDENTITY;
-    if (vary && !want) continue; /* nothing left to learn */
+    if (known >= 0 && !((unsigned)known & bit)) continue; /* none there */
+    if (known >= 0 && !want) {
+      vary = true;
+      continue;
+    }
+    if (vary && !want && !learn) continue; /* nothing left to learn */
     memcpy(rel + n, cd == HTTP_CODING_BR ? ".br" : ".gz", 4);
     int sib = pb__open(hc->srv->public_fd, rel,
                        want ? O_RDONLY | O_NONBLOCK | O_NOCTTY : O_PATH);
@@ -167,6 +181,7 @@ static void pb__send(conn_t *c, http_conn_t *hc, int fd,
     struct stat sst;
     if (sib >= 0 && fstat(sib, &sst) == 0 && S_ISREG(sst.st_mode)) {
       vary = true;
+      found |= bit;
       if (want) {
         int t = fd;
         fd = sib;
@@ -177,6 +192,7 @@ static void pb__send(conn_t *c, http_conn_t *hc, int fd,
     }
     if (sib >= 0) close(sib);
   }
+  if (learn) http_sib_put(rel, n, dev, ino, found);
   bool gzip = coding != HTTP_CODING_IDENTITY; /* precompressed */
 
   uint64_t size = (uint64_t)st->st_size;
