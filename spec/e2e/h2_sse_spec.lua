@@ -101,6 +101,33 @@ describe("SSE over HTTP/2", function()
     wait_state(H2C, base, function(s) return s.sse == 0 and s.closed == 3 end, "the streams freed")
   end)
 
+  it("a handler that goes on after res:sse() (sleeps between sends), an on_open and a subscriber that sleep hold only their stream: / on the same connection is answered meanwhile", function()
+    local base = H2C.start(start)
+    local q = H.spawn({ "/usr/bin/nghttp", "-v", base .. "/ticks/t", base .. "/" })
+    q.sanitizer_checked = true
+    -- the ticks handler is still looping when / is answered (it stops only
+    -- when told below)
+    H.wait_for(function()
+      local o = q:stdout()
+      return o:find("home", 1, true) and o:find("data: tick 2\n", 1, true) and o:find("data: late open t\n", 1, true)
+    end, H.T(10), function() return q:stdout() end)
+    assert.equal(1, state(H2C, base).sse)
+    publish(H2C, base, "t.ctl", "close") -- its subscriber sleeps, then stops the loop
+    assert.equal(0, (q:wait_exit(H.T(10))), q:stderr())
+    local out = q:stdout()
+    local ids = {}
+    for id in out:gmatch("recv %(stream_id=(%d+)%) :status: 200") do ids[#ids + 1] = tonumber(id) end
+    assert.equal(2, #ids, "one connection, two streams: " .. out)
+    wait_state(H2C, base, function(s) return s.sse == 0 and s.closed == 1 end, "the stream freed")
+    -- the same route over HTTP/1.1: the handler's loop holds its own connection, as before
+    local h1 = reader(P.list[1], base, "/ticks/u") -- (h2c = true serves HTTP/1.1 too)
+    H.wait_for(function() return h1:stdout():find("data: tick 2\n", 1, true) end, H.T(10),
+      function() return h1:stdout() .. h1:stderr() end)
+    publish(H2C, base, "u.ctl", "close")
+    assert.equal(0, (h1:wait_exit(H.T(10))), h1:stderr())
+    assert.truthy(h1:stdout():find("data: late open u\n", 1, true), h1:stdout())
+  end)
+
   it("back pressure: a stream whose window stays shut is reset (CANCEL) at max_queue, its send fails, the connection's other streams and other clients go on, memory stays bounded", function()
     local base, srv, port = H2C.start(start, { "max_queue=262144" })
     local rss0 = srv:rss_kb()

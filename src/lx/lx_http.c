@@ -737,6 +737,9 @@ static int lx_res_sse(lua_State *L) {
     lx_sse_set_stream(st, sid);
     lx_sse_begin(c, st);
     lx_stream_push(L, st);
+    /* The exchange is over: a handler that goes on (sends, sleeps) must
+     * not hold the connection's other streams. */
+    lx_run_detach(res->ln, c);
     return 1;
   }
   /* The stream ends with the connection: nothing more is read as HTTP. */
@@ -747,6 +750,9 @@ static int lx_res_sse(lua_State *L) {
   http_conn_drop_request(&hc->h); /* the request's bytes are not needed */
   lx_stream_push(L, st);
   if (rc) reactor_conn_close(c, CONN_ERROR);
+  /* nor the stream's own callbacks (on_open, subscribers), which would
+   * wait for the handler to end */
+  lx_run_detach(res->ln, c);
   return 1;
 }
 

@@ -157,6 +157,7 @@ static const lx_module_t *lx__module_of(lx_lane_t *ln, const lx_run_t *run) {
     if (m_->fn) m_->fn(__VA_ARGS__)
 
 static void lx__hold(lx_lane_t *ln, lx_run_t *run) {
+  run->held = true;
   if (run->kind == LX_CONN && run->c)
     reactor_conn_hold(run->c);
   else
@@ -332,13 +333,13 @@ void lx_push_waiter(lua_State *L, lx_lane_t *ln, lua_CFunction check,
 
 bool lx_call_on(lx_lane_t *ln, lua_State *co, int co_ref, int nargs, int kind,
                 conn_t *c, lx_timer_t *timer, const char *what) {
-  lx_run_t run = {co, co_ref, kind, c, timer, what, LUA_NOREF, NULL};
+  lx_run_t run = {co, co_ref, kind, c, timer, what, LUA_NOREF, NULL, false};
   return lx__step(ln, &run, nargs, false);
 }
 
 bool lx_call_owned(lx_lane_t *ln, lua_State *co, int co_ref, int nargs,
                    int kind, void *owner, const char *what) {
-  lx_run_t run = {co, co_ref, kind, NULL, NULL, what, LUA_NOREF, owner};
+  lx_run_t run = {co, co_ref, kind, NULL, NULL, what, LUA_NOREF, owner, false};
   return lx__step(ln, &run, nargs, false);
 }
 
@@ -348,6 +349,17 @@ void lx_call(lx_lane_t *ln, lua_State *from, int nargs, int kind, conn_t *c,
   lua_State *co = lx_co_take(ln, &ref);
   lua_xmove(from, co, nargs + 1);
   lx_call_on(ln, co, ref, nargs, kind, c, timer, what);
+}
+
+void lx_run_detach(lx_lane_t *ln, conn_t *c) {
+  lx_run_t *run = ln->running;
+  if (!run || run->kind != LX_CONN || run->c != c) return;
+  if (run->held) { /* its hold moves from c to the loop */
+    reactor_ref(ln->r);
+    reactor_conn_release(c);
+  }
+  run->kind = LX_PLAIN;
+  run->c = NULL;
 }
 
 void lx_run_abandon(lx_lane_t *ln, lx_run_t *run) {

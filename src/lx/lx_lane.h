@@ -36,6 +36,7 @@ typedef struct lx_run {
   const char *what;   /* "on_data", "timer", ... for the log */
   int anchor;         /* registry ref keeping `timer` alive while suspended */
   void *owner;        /* kinds above LX_CONN: the module's object (a task) */
+  bool held;          /* it suspended once: its hold (c, or the loop) is on */
 } lx_run_t;
 
 /* How a waiting API suspends a callback: from Lua it yields
@@ -154,6 +155,13 @@ lua_State *lx_co_take_push(lx_lane_t *ln, int *co_ref,
 void lx_run_abandon(lx_lane_t *ln, lx_run_t *run);
 /* Continues a suspended callback (the run was copied when it suspended). */
 void lx_resume(lx_lane_t *ln, lx_run_t *run, int nargs);
+/* The running callback, if it is c's (LX_CONN), lets go of c: from here
+ * on it holds only the lane's loop, so c's other events go on while it
+ * waits, and an error of its own no longer closes c. For a callback whose
+ * part of c is over while the callback goes on: an HTTP/2 handler after
+ * res:sse() (its exchange is complete; the connection carries other
+ * streams). */
+void lx_run_detach(lx_lane_t *ln, conn_t *c);
 
 /* Runs every function of the list at registry `list_ref`. */
 void lx_call_list(lx_lane_t *ln, int list_ref, const char *what);

@@ -379,14 +379,17 @@ static void lx__call_list(lx_lane_t *ln, int ch_idx, int msg_idx,
       s->fwd(ln, c, s->sid, fc);
       continue;
     }
-    if (c && reactor_conn_busy(c)) {
-      lx__conn_later(ln, c, s->fn_ref, ch_idx, msg_idx);
+    /* an HTTP/2 event stream's subscriber holds the loop, not the
+     * connection (which carries other streams), and needn't wait for it */
+    conn_t *hold = s->sid ? NULL : c;
+    if (hold && reactor_conn_busy(hold)) {
+      lx__conn_later(ln, hold, s->fn_ref, ch_idx, msg_idx);
       continue;
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->fn_ref);
     lua_pushvalue(L, ch_idx);
     lua_pushvalue(L, msg_idx);
-    lx_call(ln, L, 2, c ? LX_CONN : LX_PLAIN, c, NULL, "subscriber");
+    lx_call(ln, L, 2, hold ? LX_CONN : LX_PLAIN, hold, NULL, "subscriber");
   }
   lua_pop(L, 1);
 }

@@ -552,7 +552,10 @@ static void lx__sse_open(conn_t *c, void *arg) {
   lua_State *co = lx_co_take(ln, &co_ref);
   lua_rawgeti(co, LUA_REGISTRYINDEX, st->on_open);
   lx__push_obj(co, st);
-  lx_call_on(ln, co, co_ref, 1, LX_CONN, c, NULL, "on_open");
+  /* an HTTP/2 event stream's callback holds the loop, not the
+   * connection, which carries other streams */
+  lx_call_on(ln, co, co_ref, 1, st->sid ? LX_PLAIN : LX_CONN,
+             st->sid ? NULL : c, NULL, "on_open");
 }
 
 void lx_sse_begin(conn_t *c, lx_stream_t *st) {
@@ -888,7 +891,8 @@ static void lx_stream_closed(conn_t *c, lx_stream_t *st, int reason) {
       lua_pushlstring(co, st->reason, st->reason_len);
       nargs = 3;
     }
-    lx_call_on(ln, co, co_ref, nargs, LX_CONN, c, NULL, "on_close");
+    lx_call_on(ln, co, co_ref, nargs, st->sid ? LX_PLAIN : LX_CONN,
+               st->sid ? NULL : c, NULL, "on_close");
   }
   luaL_unref(ln->L, LUA_REGISTRYINDEX, st->obj_ref);
   luaL_unref(ln->L, LUA_REGISTRYINDEX, st->on_open);
