@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -783,6 +785,59 @@ static void test_uuid_generations_wide(void) {
   sock_uuid_close(u);
 }
 
+/* ---- peer addresses ---- */
+
+/* sock_addr_text writes IPv4 without inet_ntop: every octet value in
+ * every place gives inet_ntop's text; IPv6 and Unix as sock_peer did. */
+static void test_addr_text(void) {
+  sock_addr_t a = {AF_INET, 8080, {0}};
+  char want[64], got[64];
+  int port = 0, bad = 0;
+  for (int pos = 0; pos < 4; pos++)
+    for (int v = 0; v < 256; v++) {
+      static const uint8_t base[4] = {127, 0, 10, 1};
+      memcpy(a.addr, base, 4);
+      a.addr[pos] = (uint8_t)v;
+      inet_ntop(AF_INET, a.addr, want, sizeof(want));
+      memset(got, 'x', sizeof(got));
+      sock_addr_text(&a, got, sizeof(got), &port);
+      bad += strcmp(want, got) != 0;
+    }
+  CHECK_EQ(bad, 0);
+  CHECK_EQ(port, 8080);
+  memset(a.addr, 255, 4);
+  sock_addr_text(&a, got, 16, &port); /* the longest fits 16 bytes */
+  CHECK(strcmp(got, "255.255.255.255") == 0);
+  sock_addr_t a6 = {AF_INET6, 443, {0}};
+  a6.addr[15] = 1;
+  sock_addr_text(&a6, got, sizeof(got), &port);
+  CHECK(strcmp(got, "::1") == 0);
+  CHECK_EQ(port, 443);
+  sock_addr_t u = {AF_UNIX, 0, {0}};
+  sock_addr_text(&u, got, sizeof(got), &port);
+  CHECK(strcmp(got, "unix") == 0);
+  CHECK_EQ(port, 0);
+  /* a connected pair: sock_peer_addr reads it, sock_peer agrees */
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sin = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sin);
+  CHECK_EQ(bind(ls, (struct sockaddr *)&sin, sizeof(sin)), 0);
+  CHECK_EQ(listen(ls, 1), 0);
+  CHECK_EQ(getsockname(ls, (struct sockaddr *)&sin, &sl), 0);
+  int cs = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK_EQ(connect(cs, (struct sockaddr *)&sin, sizeof(sin)), 0);
+  sock_addr_t p;
+  CHECK_EQ(sock_peer_addr(cs, &p), 0);
+  CHECK_EQ(p.family, AF_INET);
+  CHECK_EQ(p.port, ntohs(sin.sin_port));
+  CHECK_EQ(sock_peer(cs, got, sizeof(got), &port), 0);
+  CHECK(strcmp(got, "127.0.0.1") == 0);
+  CHECK_EQ(port, ntohs(sin.sin_port));
+  close(cs);
+  close(ls);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGPIPE, SIG_IGN);
@@ -807,6 +862,7 @@ int main(void) {
   test_pool_bound();
   test_shared_frame();
   generation_zero_never_valid();
+  test_addr_text();
   sock_deinit();
   CHECK_EQ(sock_capacity(), 0);
   return check_summary();

@@ -81,7 +81,7 @@ void http_conn_log(http_conn_t *hc, int status, uint64_t bytes) {
   if (!srv->access_fd || *srv->access_fd < 0) return;
   char ip[128];
   int port;
-  if (sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port)) strcpy(ip, "-");
+  if (reactor_conn_peer(c, ip, sizeof(ip), &port)) strcpy(ip, "-");
   const http_request_t *req = hc->state == HTTP_C_HEAD ? NULL : hc->x.req;
   size_t start = 0, rawlen = 0;
   long span;

@@ -29,35 +29,24 @@ const unsigned char http__tchar[256] = {
     HTTP_ALNUM_ENTRIES,
 };
 
-static inline int http__lower(int c) {
-  return c >= 'A' && c <= 'Z' ? c + 32 : c;
-}
-
-bool http__ieq(const char *a, size_t alen, const char *b) {
-  size_t blen = strlen(b);
-  if (alen != blen) return false;
-  for (size_t i = 0; i < alen; i++)
-    if (http__lower((unsigned char)a[i]) != http__lower((unsigned char)b[i]))
-      return false;
-  return true;
-}
-
 bool http_list_has(const char *v, size_t len, const char *token) {
-  size_t i = 0;
+  size_t tlen = strlen(token), i = 0;
   while (i < len) {
     while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) i++;
     size_t start = i;
     while (i < len && v[i] != ',') i++;
     size_t end = i;
     while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t')) end--;
-    if (end > start && http__ieq(v + start, end - start, token)) return true;
+    if (end > start && http__ieqn(v + start, end - start, token, tlen))
+      return true;
   }
   return false;
 }
 
 const http_header_t *http_header(const http_request_t *req, const char *name) {
+  size_t n = strlen(name);
   for (int i = 0; i < req->nheaders; i++)
-    if (http__ieq(req->headers[i].name, req->headers[i].name_len, name))
+    if (http__ieqn(req->headers[i].name, req->headers[i].name_len, name, n))
       return &req->headers[i];
   return NULL;
 }
@@ -242,10 +231,7 @@ int http_parse_head(const char *buf, size_t len, size_t max_head,
     while (ve > v && (s[ve - 1] == ' ' || s[ve - 1] == '\t')) ve--;
     /* Host's own check (below) refuses control bytes too */
     bool is_host = c == 4 && http__ieq(s, c, "host");
-    for (size_t k = v; k < ve && !is_host; k++) {
-      unsigned char ch = (unsigned char)s[k];
-      if ((ch < ' ' && ch != '\t') || ch == 0x7f) return HTTP_BAD;
-    }
+    if (!is_host && !http__text_ok(s + v, ve - v)) return HTTP_BAD;
     if (req->nheaders == HTTP_MAX_HEADERS) return HTTP_HEAD_TOO_LARGE;
     http_header_t *h = &req->headers[req->nheaders++];
     h->name = s;

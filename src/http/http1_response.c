@@ -12,20 +12,11 @@
 
 const http_header_t *http_response_header(const http_response_t *res,
                                           const char *name) {
+  size_t n = strlen(name);
   for (int i = 0; i < res->nheaders; i++)
-    if (http__ieq(res->headers[i].name, res->headers[i].name_len, name))
+    if (http__ieqn(res->headers[i].name, res->headers[i].name_len, name, n))
       return &res->headers[i];
   return NULL;
-}
-
-/* Control bytes other than HTAB, and DEL, can't be in a reason phrase or
- * a field value (RFC 9110 5.5); obs-text (0x80-0xff) may. */
-static bool res__text_ok(const char *s, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if ((ch < ' ' && ch != '\t') || ch == 0x7f) return false;
-  }
-  return true;
 }
 
 /* "HTTP/1.x SP ddd [SP reason]". A missing SP after the code (with no
@@ -43,7 +34,7 @@ static int res__status_line(const char *s, size_t n, http_response_t *res) {
   res->reason_len = 0;
   if (n > 12) {
     if (s[12] != ' ') return HTTP_RES_BAD;
-    if (!res__text_ok(s + 13, n - 13)) return HTTP_RES_BAD;
+    if (!http__text_ok(s + 13, n - 13)) return HTTP_RES_BAD;
     res->reason = s + 13;
     res->reason_len = (uint32_t)(n - 13);
   }
@@ -106,7 +97,7 @@ int http_parse_response(const char *buf, size_t len, size_t max_head,
     size_t v = c + 1, ve = n;
     while (v < ve && (s[v] == ' ' || s[v] == '\t')) v++;
     while (ve > v && (s[ve - 1] == ' ' || s[ve - 1] == '\t')) ve--;
-    if (!res__text_ok(s + v, ve - v)) return HTTP_RES_BAD;
+    if (!http__text_ok(s + v, ve - v)) return HTTP_RES_BAD;
     if (res->nheaders == HTTP_RES_MAX_HEADERS) return HTTP_RES_TOO_LARGE;
     http_header_t *h = &res->headers[res->nheaders++];
     h->name = s;

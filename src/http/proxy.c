@@ -226,6 +226,14 @@ enum { PX_EXCHANGE = 1, PX_IDLE };
 enum { PX_CONNECTING, PX_HEAD, PX_BODY, PX_TUNNEL };
 
 #define PX_KEY 64
+
+/* Copies a pool key (cut at PX_KEY - 1 bytes, as snprintf would): twice
+ * a proxied request, where snprintf's "%s" cost ~600 instructions. */
+static void px__key_copy(char *dst, const char *src) {
+  size_t n = strnlen(src, PX_KEY - 1);
+  memcpy(dst, src, n);
+  dst[n] = 0;
+}
 #define PX_MAX_HEAD (64 * 1024)
 #define PX_POOL_IDLE_MS 60000
 
@@ -346,7 +354,7 @@ static void px__pool_put(proxy_pool_t *pool, conn_t *c, const char *key,
   e->kind = PX_IDLE;
   e->pool = pool;
   e->c = c;
-  snprintf(e->key, sizeof(e->key), "%s", key);
+  px__key_copy(e->key, key);
   e->next = pool->idle;
   if (pool->idle) pool->idle->prev = e;
   pool->idle = e;
@@ -903,7 +911,7 @@ int proxy_start(proxy_pool_t *pool, conn_t *client, http_conn_t *hc,
   p->chunk_body = t->chunk_body;
   p->req_done = !t->stream_body;
   p->t0 = reactor_now(pool->r);
-  snprintf(p->key, sizeof(p->key), "%s", t->key);
+  px__key_copy(p->key, t->key);
   conn_t *u = t->fresh ? NULL : px__pool_take(pool, p->key);
   int err = 0;
   if (u) {

@@ -181,7 +181,7 @@ static int lx_conn_resume(lua_State *L) {
 int lx_push_peer(lua_State *L, conn_t *c) {
   char ip[128];
   int port;
-  if (!c || sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port)) {
+  if (!c || reactor_conn_peer(c, ip, sizeof(ip), &port)) {
     lua_pushnil(L);
     return 1;
   }

@@ -851,8 +851,7 @@ static int lx_res_fail(lua_State *L) {
   conn_t *c = lx__res_conn(res, &hc);
   char ip[128];
   int port = 0;
-  if (!c || sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &port))
-    strcpy(ip, "-");
+  if (!c || reactor_conn_peer(c, ip, sizeof(ip), &port)) strcpy(ip, "-");
   const http_request_t *r = c ? hc->h.x.req : NULL;
   if (r)
     log_error("error in %s: %.*s %.*s from %s:%d (request id %s): %s", what,

@@ -182,7 +182,7 @@ static int lx__try_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   proxy_head_opts_t o = {0};
   char ip[128];
   int pport;
-  if (sock_peer(reactor_conn_fd(c), ip, sizeof(ip), &pport)) strcpy(ip, "unknown");
+  if (reactor_conn_peer(c, ip, sizeof(ip), &pport)) strcpy(ip, "unknown");
   o.peer = ip;
   o.proto = reactor_conn_tls(c, NULL) ? "https" : "http";
   o.host = lx__optlstr(co, 10, &o.host_len);

@@ -629,6 +629,15 @@ void *reactor_conn_udata(const conn_t *c) { return c->udata; }
 void reactor_conn_set_udata(conn_t *c, void *udata) { c->udata = udata; }
 int reactor_conn_fd(const conn_t *c) { return c->fd; }
 
+int reactor_conn_peer(conn_t *c, char *ip, size_t iplen, int *port) {
+  if (!c->peer.family) {
+    int rc = sock_peer_addr(c->fd, &c->peer);
+    if (rc) return rc;
+  }
+  sock_addr_text(&c->peer, ip, iplen, port);
+  return 0;
+}
+
 bool reactor_conn_is_open(const conn_t *c) {
   return !(c->flags & (F_DEAD | F_CLOSING));
 }

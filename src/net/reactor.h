@@ -229,6 +229,11 @@ void *reactor_conn_service(const conn_t *c);
 void *reactor_conn_udata(const conn_t *c);
 void reactor_conn_set_udata(conn_t *c, void *udata);
 int reactor_conn_fd(const conn_t *c);
+/* The peer's address as text and port, as sock_peer gives them; read
+ * from the socket on the first call and kept, so later calls (a request
+ * log line, X-Forwarded-For, req:peer() on every request) make no system
+ * call. 0 or a negative errno. */
+int reactor_conn_peer(conn_t *c, char *ip, size_t iplen, int *port);
 /* Whether writes are still accepted (not closed, no close requested). */
 bool reactor_conn_is_open(const conn_t *c);
 

@@ -114,6 +114,7 @@ struct conn {
   sock_wq_t tls_out;
   const char *tls_plain_reply;
   uint32_t open_timeout_ms; /* timeout_ms once the handshake is done */
+  sock_addr_t peer;         /* reactor_conn_peer's, once asked */
 };
 
 struct listener {

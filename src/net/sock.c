@@ -331,22 +331,51 @@ int sock_connect_result(int fd) {
   return -err;
 }
 
-int sock_peer(int fd, char *ip, size_t iplen, int *port) {
+int sock_peer_addr(int fd, sock_addr_t *a) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof(ss);
   if (getpeername(fd, (struct sockaddr *)&ss, &len)) return -errno;
-  *port = 0;
+  memset(a, 0, sizeof(*a));
   if (ss.ss_family == AF_INET) {
-    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-    inet_ntop(AF_INET, &a->sin_addr, ip, (socklen_t)iplen);
-    *port = ntohs(a->sin_port);
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    a->family = AF_INET;
+    a->port = ntohs(in->sin_port);
+    memcpy(a->addr, &in->sin_addr, 4);
   } else if (ss.ss_family == AF_INET6) {
-    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-    inet_ntop(AF_INET6, &a->sin6_addr, ip, (socklen_t)iplen);
-    *port = ntohs(a->sin6_port);
+    struct sockaddr_in6 *in = (struct sockaddr_in6 *)&ss;
+    a->family = AF_INET6;
+    a->port = ntohs(in->sin6_port);
+    memcpy(a->addr, &in->sin6_addr, 16);
+  } else {
+    a->family = AF_UNIX;
+  }
+  return 0;
+}
+
+void sock_addr_text(const sock_addr_t *a, char *ip, size_t iplen, int *port) {
+  *port = a->port;
+  if (a->family == AF_INET && iplen >= 16) { /* "255.255.255.255" */
+    char *o = ip;
+    for (int i = 0; i < 4; i++) {
+      unsigned v = a->addr[i];
+      if (v >= 100) *o++ = (char)('0' + v / 100);
+      if (v >= 10) *o++ = (char)('0' + v / 10 % 10);
+      *o++ = (char)('0' + v % 10);
+      *o++ = i < 3 ? '.' : '\0';
+    }
+  } else if (a->family == AF_INET || a->family == AF_INET6) {
+    if (!inet_ntop(a->family, a->addr, ip, (socklen_t)iplen) && iplen)
+      ip[0] = 0;
   } else {
     snprintf(ip, iplen, "unix");
   }
+}
+
+int sock_peer(int fd, char *ip, size_t iplen, int *port) {
+  sock_addr_t a;
+  int rc = sock_peer_addr(fd, &a);
+  if (rc) return rc;
+  sock_addr_text(&a, ip, iplen, port);
   return 0;
 }
 

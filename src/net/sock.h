@@ -98,6 +98,20 @@ int sock_connect_result(int fd);
 /* The peer's address as text and port; for a Unix socket "unix" and 0.
  * Returns 0 or a negative errno. */
 int sock_peer(int fd, char *ip, size_t iplen, int *port);
+/* A peer's address in 20 bytes, small enough for a connection to keep
+ * (reactor_conn_peer): family 0 (not known yet), AF_INET, AF_INET6 or
+ * AF_UNIX; the port in host order; the address's 4 or 16 bytes. */
+typedef struct {
+  uint8_t family;
+  uint16_t port;
+  uint8_t addr[16];
+} sock_addr_t;
+/* fd's peer into *a (getpeername). 0 or a negative errno. Any thread. */
+int sock_peer_addr(int fd, sock_addr_t *a);
+/* *a as sock_peer gives it: text into ip (iplen >= 46 holds any) and the
+ * port. An IPv4 address is written without printf (a proxied request
+ * asks for it every time). Any thread. */
+void sock_addr_text(const sock_addr_t *a, char *ip, size_t iplen, int *port);
 /* The path a Unix socket is bound to (the listener's path for accepted
  * connections); "" when unnamed. 0 or a negative errno. */
 int sock_local_path(int fd, char *path, size_t len);
