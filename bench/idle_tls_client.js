@@ -6,6 +6,9 @@
 //        tls        TLS handshake done (the certificate checked against CA
 //                   for 127.0.0.1), then silent: no request
 //        tls-req    TLS handshake, one GET / answered, then silent
+//        h2c-req    cleartext HTTP/2 (prior knowledge), one GET / answered
+//                   on its session, then silent (scripts/bench-h2)
+//        h2-req     the same over TLS (ALPN h2)
 //   PIDS  the server's processes, comma-separated: their VmRSS is summed
 // First WARM connections of the same kind are opened and closed (the
 // server's one-off allocations: OpenSSL's lazy tables, the lane's pools),
@@ -16,13 +19,14 @@
 const fs = require('fs');
 const net = require('net');
 const tls = require('tls');
+const http2 = require('http2');
 
 const [kind, portArg, nArg, pidsArg, caFile] = process.argv.slice(2);
 const port = Number(portArg);
 const n = Number(nArg);
 const pids = (pidsArg || '').split(',').filter(Boolean);
-if (!['plain', 'tls', 'tls-req'].includes(kind) || !port || !n || pids.length === 0) {
-  console.error('usage: node bench/idle_tls_client.js plain|tls|tls-req PORT N PID[,PID...] [CA]');
+if (!['plain', 'tls', 'tls-req', 'h2c-req', 'h2-req'].includes(kind) || !port || !n || pids.length === 0) {
+  console.error('usage: node bench/idle_tls_client.js plain|tls|tls-req|h2c-req|h2-req PORT N PID[,PID...] [CA]');
   process.exit(2);
 }
 const ca = caFile ? fs.readFileSync(caFile) : undefined;
@@ -36,8 +40,30 @@ const rssKb = () => pids.reduce((sum, pid) => {
 }, 0);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// an HTTP/2 session and one GET / on it; resolves with the session
+function openH2() {
+  return new Promise((resolve, reject) => {
+    const secure = kind === 'h2-req';
+    const s = http2.connect(`${secure ? 'https' : 'http'}://127.0.0.1:${port}`,
+      secure ? { ca, rejectUnauthorized: !!ca, minVersion: 'TLSv1.3' } : {});
+    const timer = setTimeout(() => { s.destroy(); reject(new Error('timeout')); }, 20000);
+    s.on('error', (err) => { clearTimeout(timer); reject(err); });
+    s.on('close', () => { if (!s.idleOk) reject(new Error('closed by the server')); });
+    const r = s.request({ ':path': '/' });
+    let got = '';
+    r.setEncoding('latin1');
+    r.on('data', (d) => { got += d; });
+    r.on('end', () => {
+      clearTimeout(timer);
+      if (got.includes('Hello World')) resolve(s); else reject(new Error(`bad answer: ${got}`));
+    });
+    r.end();
+  });
+}
+
 // one connection of `kind`; resolves with the socket once it is idle
 function open() {
+  if (kind.startsWith('h2')) return openH2();
   return new Promise((resolve, reject) => {
     let sock;
     let got = '';
