@@ -139,16 +139,34 @@ describe("frictions", function()
       H.wait_for(function() return serving() and H.plain(cjson.encode(counts()), cjson.encode(want)) end,
         H.T(20), function() return what .. ": " .. cjson.encode(counts()) .. "\n" .. srv:describe() end, 0.05)
     end
+    -- the workers `old` named are all gone, and two others serve: a count
+    -- moves when a replacement starts, while the worker it replaces may
+    -- still take a connection (a /spin sent then reached a draining
+    -- worker, whose drain deadline killed it before the watchdog could)
+    local function replaced(old, what)
+      H.wait_for(function()
+        local now = H.children(root)
+        if #now ~= 2 then return false end
+        for _, p in ipairs(now) do
+          for _, q in ipairs(old) do if p == q then return false end end
+        end
+        return true
+      end, H.T(20), function() return what .. ": " .. cjson.encode(H.children(root)) end)
+    end
     wait_counts({ crash = 0, watchdog = 0, memory = 0, reload = 0, restart = 0 }, "none at start")
     -- a crash
     ffi.C.kill(H.children(root)[1], H.SIGKILL)
     wait_counts({ crash = 1, watchdog = 0, memory = 0, reload = 0, restart = 0 }, "a crash")
     -- a reload replaces both
+    local old = H.children(root)
     assert.equal(0, ffi.C.kill(root, H.SIGHUP))
     wait_counts({ crash = 1, watchdog = 0, memory = 0, reload = 2, restart = 0 }, "a reload")
+    replaced(old, "the reload's old workers gone")
     -- SIGUSR1: a rolling restart
+    old = H.children(root)
     assert.equal(0, ffi.C.kill(root, 10 --[[ SIGUSR1 ]]))
     wait_counts({ crash = 1, watchdog = 0, memory = 0, reload = 2, restart = 2 }, "a rolling restart")
+    replaced(old, "the restart's old workers gone")
     -- a stuck lane: the watchdog
     local c = H.connect(port)
     assert(H.send(c, "GET /spin HTTP/1.1\r\nHost: x\r\n\r\n"))
