@@ -559,10 +559,15 @@ static void redis__connect(mp_timer_t *t) {
       return;
     }
     ac = redisAsyncConnectUnix(redis_pipe_path(l->pipe));
+    /* The link's connect timer (below: TCP, TLS and the PING) decides;
+     * the pipe's own, armed a moment earlier with the same delay, won
+     * the race now and then and said "connection lost: timeout" instead
+     * of "connect timeout" (under load). A second later, it is only a
+     * backstop. */
     if (ac && !ac->err &&
         redis_pipe_start(l->pipe, l->u.host, l->u.port, l->tls,
                          l->u.sni[0] ? l->u.sni : l->u.host,
-                         (uint32_t)l->connect_ms, l->u.keepalive,
+                         (uint32_t)l->connect_ms + 1000, l->u.keepalive,
                          redis__pipe_fail, l, err, sizeof(err))) {
       redis__failed(l, "cannot connect (TLS) to", err);
       redisAsyncFree(ac);
