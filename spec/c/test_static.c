@@ -221,6 +221,13 @@ static void test_date(void) {
   http_static_format_date(1709210096, out); /* a leap day */
   CHECK(strcmp(out, "Thu, 29 Feb 2024 12:34:56 GMT") == 0);
   CHECK_EQ(date(out), 1709210096);
+  /* the thread's last date is kept: the same again, then another, then back */
+  CHECK_EQ(http_static_format_date(1709210096, out), 29);
+  CHECK(strcmp(out, "Thu, 29 Feb 2024 12:34:56 GMT") == 0);
+  http_static_format_date(784111777, out);
+  CHECK(strcmp(out, "Sun, 06 Nov 1994 08:49:37 GMT") == 0);
+  http_static_format_date(1709210096, out);
+  CHECK(strcmp(out, "Thu, 29 Feb 2024 12:34:56 GMT") == 0);
 }
 
 int main(void) {
