@@ -124,8 +124,20 @@ static char *pb__hex(char *p, uint64_t v) {
 }
 
 /* The file's ETag, "size-mtime" in hex (mtime in ns), at out (room: 37
- * bytes, NUL included); its length. */
+ * bytes, NUL included); its length. The thread keeps the last one made
+ * (a file asked for again, or a folder's files of one size and time). */
+static __thread struct {
+  uint64_t size, mtime_ns;
+  size_t len; /* 0: none yet */
+  char tag[37];
+} pb_last_etag;
+
 static size_t pb__etag(char *out, uint64_t size, uint64_t mtime_ns) {
+  if (pb_last_etag.len && pb_last_etag.size == size &&
+      pb_last_etag.mtime_ns == mtime_ns) {
+    memcpy(out, pb_last_etag.tag, pb_last_etag.len + 1);
+    return pb_last_etag.len;
+  }
   char *p = out;
   *p++ = '"';
   p = pb__hex(p, size);
@@ -133,7 +145,12 @@ static size_t pb__etag(char *out, uint64_t size, uint64_t mtime_ns) {
   p = pb__hex(p, mtime_ns);
   *p++ = '"';
   *p = 0;
-  return (size_t)(p - out);
+  size_t n = (size_t)(p - out);
+  memcpy(pb_last_etag.tag, out, n + 1);
+  pb_last_etag.size = size;
+  pb_last_etag.mtime_ns = mtime_ns;
+  pb_last_etag.len = n;
+  return n;
 }
 
 /* The coding pb__cached would answer this request for the file with
