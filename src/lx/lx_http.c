@@ -210,7 +210,14 @@ static bool lx__push_req_parts(lua_State *L, lx_hconn_t *hc, const char *body,
     lua_pushlstring(L, q, qlen);
   else
     lua_pushliteral(L, "");
-  lua_pushlstring(L, r->target, r->target_len);
+  /* a target without a query or an escape is the path: the same string,
+   * not another look-up in the string table */
+  size_t pl;
+  const char *ps = lua_tolstring(L, -2, &pl);
+  if (!q && pl == r->target_len && memcmp(ps, r->target, pl) == 0)
+    lua_pushvalue(L, -2);
+  else
+    lua_pushlstring(L, r->target, r->target_len);
   lx__push_version(L, lx__cfg(lx_http_svc(hc)), hc->h.x.version);
   lua_createtable(L, 0, r->nheaders);
   char name[256];
