@@ -424,6 +424,28 @@ local function answer(res, status, msg)
   res:send(msg)
 end
 
+-- What a try leaves to count: the server's in-flight count, and for an
+-- answer its requests, time and latency average (a 5xx is a failure).
+-- A function of its own so that the JIT compiles it: up:proxy's frame
+-- comes back from try's yield in the interpreter and stays there, so
+-- code written after the try ran interpreted on every request.
+local function settle(up, s, shared_active, status, err, ms)
+  s.active = s.active - 1
+  if shared_active then up.dict:incr(s.ka, -1, 0) end
+  if err then return end
+  s.requests = s.requests + 1
+  s.ms = s.ms + ms
+  local tn = now()
+  if s.ewma_t > 0 then
+    local w = exp((s.ewma_t - tn) / EWMA_TAU)
+    s.ewma = s.ewma * w + ms * (1 - w)
+  else
+    s.ewma = ms
+  end
+  s.ewma_t = tn
+  if status >= 500 then failed(up, s) end
+end
+
 -- up:proxy(req, res [, o]) -> status | nil, err
 function U.proxy(up, req, res, o)
   if type(req) ~= "table" then error("up:proxy: req expected", 2) end
@@ -451,8 +473,8 @@ function U.proxy(up, req, res, o)
   if up.named then refresh(up, t) end
   -- a streamed body is read once: a request whose body went out can't be
   -- sent again, whatever its method
-  local h = req.headers
-  local idem = IDEMPOTENT[req.method] and (rawget(req, "body") ~= nil or
+  local h, body = req.headers, rawget(req, "body")
+  local idem = IDEMPOTENT[req.method] and (body ~= nil or
     not (h["content-length"] or h["transfer-encoding"]))
   local tried, last, last_s = nil, nil, nil
   -- least_conn counts what is in flight in the dictionary, so every lane
@@ -489,23 +511,10 @@ function U.proxy(up, req, res, o)
         if shared_active then up.dict:incr(s.ka, 1, 0) end
         local status, err, sent, answered, reused, ms, spliced =
           try(req, ip, s.port, s.key, up.keepalive, up.connect_timeout, up.timeout,
-            authority, target, extra, drop, fresh, s.tls, ip)
-        s.active = s.active - 1
-        if shared_active then up.dict:incr(s.ka, -1, 0) end
-        if not err then
-          s.requests = s.requests + 1
-          s.ms = s.ms + ms
-          local tn = now()
-          if s.ewma_t > 0 then
-            local w = exp((s.ewma_t - tn) / EWMA_TAU)
-            s.ewma = s.ewma * w + ms * (1 - w)
-          else
-            s.ewma = ms
-          end
-          s.ewma_t = tn
-          if status >= 500 then failed(up, s) end
-          return status, nil, spliced
-        end
+            authority, target, extra, drop, fresh, s.tls, ip,
+            req.conn_id, req._xid, body)
+        settle(up, s, shared_active, status, err, ms)
+        if not err then return status, nil, spliced end
         if answered or err == "client closed" then
           s.requests = s.requests + 1
           failed(up, s)
