@@ -246,6 +246,12 @@ static int lx__try_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   return rc;
 }
 
+double moonport_upstream_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 /* hash(s): a 32-bit FNV-1a of s, the same in every process (the
  * consistent-hash ring's points and keys). */
 static int lx_up_hash(lua_State *L) {
