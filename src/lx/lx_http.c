@@ -807,7 +807,17 @@ static int lx_res_status_get(lua_State *L) {
 
 static int lx_res_done(lua_State *L) {
   lx_res_t *res = lx__res(L);
-  if (!res->done) lx_res_finish(L);
+  if (res->done) return 0;
+  /* An exchange that is over already (up:proxy answered it from C, or
+   * the client went away): nothing to finish. Seen here, before
+   * lx_res_send, which would look it up again and push an error nobody
+   * reads (about 700 instructions of every proxied request). */
+  lx_hconn_t *hc;
+  if (!lx__res_conn(res, &hc)) {
+    res->done = true;
+    return 0;
+  }
+  lx_res_finish(L);
   return 0;
 }
 

@@ -18,5 +18,11 @@ void lx_upstream_lane_free(lx_lane_t *ln);
  * state; from its shared dictionary) in the Prometheus text format,
  * malloc'd (*n bytes), or NULL when there are none. Any thread. */
 char *lx_upstream_prometheus(lx_server_t *srv, size_t *n);
+/* CLOCK_MONOTONIC in milliseconds: upstream.lua's clock (the down marks
+ * in the dictionary, which every process reads), called through the FFI
+ * so the JIT keeps it inside its traces (core.fetch.now, a C API
+ * function, cut them twice a proxied request). Exported for ffi.C. Any
+ * thread. */
+double moonport_upstream_now(void);
 
 #endif
