@@ -166,6 +166,7 @@ bench: all
 	@bash scripts/bench-redis
 	@bash scripts/bench-shared
 	@bash scripts/bench-router   # what a 50-route mp.router adds to a request
+	@bash scripts/bench-callgrind # instructions per request: hello, JSON, static, a streamed body
 	@bash scripts/bench-upload   # a 1 GiB multipart upload to disk, against busboy and Bun
 	@BENCH_MULTI=$${BENCH_MULTI:-1} bash scripts/bench-http   # the pinned table, then 2 workers unpinned
 	@bash scripts/bench-reload   # errors clients see through 100 reloads, against nginx
