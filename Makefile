@@ -249,6 +249,7 @@ build/fuzz/fuzz_ws_inflate: fuzz/fuzz_ws_inflate.c fuzz/fuzz_check.h src/http/ws
 build/fuzz/fuzz_multipart: fuzz/fuzz_multipart.c fuzz/fuzz_check.h src/http/multipart.c src/http/multipart.h
 build/fuzz/fuzz_h2: LDLIBS_FUZZ := -lnghttp2 -lcrypto -lpthread
 build/fuzz/fuzz_h2: fuzz/fuzz_h2.c fuzz/fuzz_check.h src/http/h2.c src/http/h2_events.c \
+  src/http/h2_mem.c src/core/timer.c src/core/timer.h \
   src/http/h2_response.c src/http/h2_upgrade.c src/http/h2_int.h src/http/http1.c \
   src/core/crypto.c src/core/crypto.h \
   src/http/exchange.h src/http/response.h src/http/select.h src/http/server.h \

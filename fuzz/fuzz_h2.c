@@ -16,9 +16,11 @@
  * made stream 1); what follows it comes after the preface as above.
  * The reactor and the rest of src/http are stubs here: an exchange is
  * answered through the framer's hooks as the response writer would, a
- * streamed body is read whole first. What the server writes must be a
- * sequence of well-formed frames; ASan and UBSan check the rest, and the
- * close must free everything (LeakSanitizer). */
+ * streamed body is read whole first; every fourth piece comes a second
+ * later, after the sweep that takes a quiet session's pages (h2_mem.c).
+ * What the server writes must be a sequence of well-formed frames; ASan
+ * and UBSan check the rest, and the close must free everything
+ * (LeakSanitizer). */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -63,6 +65,10 @@ void reactor_conn_force_close(conn_t *c, int reason) {
   (void)reason, c->closed = true;
 }
 uint64_t reactor_now(const reactor_t *r) { return (void)r, fz_now; }
+/* the timers (h2_mem.c's sweep), run as the pieces arrive */
+static timer_heap_t fz_timers;
+timer_heap_t *reactor_timers(reactor_t *r) { return (void)r, &fz_timers; }
+
 bool reactor_draining(const reactor_t *r) { return (void)r, false; }
 size_t reactor_conn_pending(const conn_t *c) {
   (void)c;
@@ -195,6 +201,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   data += 3;
   size -= 3;
   static http_cache_t *cache;
+  static struct h2_pool *pool; /* kept across inputs, as a lane keeps it */
   http_server_t srv = {
       .max_header = mode & 4 ? 300 : 8192,
       .max_body = mode & 8 ? 1000 : 1 << 20,
@@ -203,6 +210,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       .stream_body = mode & 1,
       .public_fd = -1,
       .cache = &cache,
+      .h2_pool = &pool,
       .conn_size = sizeof(http_conn_t),
   };
   fz_at_once = mode & 2;
@@ -254,6 +262,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int i = 0; off < size && !fz_conn.closed; i++) {
     size_t n = piece[i & 1] < size - off ? piece[i & 1] : size - off;
     fz_now += 7;
+    if (i % 4 == 3) { /* a second passes: a quiet session's pages go back,
+                         and its next frames must not miss them */
+      fz_now += 1000;
+      timer_heap_run(&fz_timers, fz_now);
+    }
     fz_full = fz_flaky && (++fz_tick % 3 == 0);
     http_framer_h2.on_data(&fz_conn, (const char *)data + off, n);
     fz_tasks();

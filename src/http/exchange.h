@@ -86,6 +86,10 @@ struct http_server {
   const int *access_fd; /* --log's fd (-1: none); read at each request */
   stats_slot_t *stats;  /* counts responses by class; may be NULL */
   http_cache_t **cache; /* the thread's cache, made on first use */
+  /* The thread's pool of pages idle HTTP/2 sessions give back (h2_mem.c),
+   * made on first use; NULL: sessions use malloc alone. The owner frees
+   * it with http_h2_pool_free after the thread's last connection. */
+  struct h2_pool **h2_pool;
   size_t conn_size;     /* bytes of a connection's state: at least
                            sizeof(http_conn_t), which it starts with
                            (the rest is the application's, zeroed) */

@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <nghttp2/nghttp2.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -704,6 +705,7 @@ void h2__flush(h2_conn_t *h) {
     if (reactor_conn_write(c, p, (size_t)n)) break; /* it closes */
   }
   h->flushing = false;
+  h2_mem_touch(&h->mem); /* (after a read too: every read ends here) */
   h2_stream_t *cur = h->cur;
   if (cur && cur->want_ready && cur->olen - cur->ooff <= H2_STREAM_LOW &&
       h->hc->watch && h->hc->state == HTTP_C_BUSY) {
@@ -747,6 +749,22 @@ static nghttp2_session_callbacks *h2__callbacks(void) {
   return h2_cbs;
 }
 
+/* Whether the session behind m has nothing to send and is in no call of
+ * nghttp2's: its frame buffer holds nothing it needs (h2_mem.c). */
+bool h2__quiet(h2_mem_t *m) {
+  h2_conn_t *h = (h2_conn_t *)(void *)((char *)m - offsetof(h2_conn_t, mem));
+  return h->s && !h->in_recv && !h->flushing &&
+         nghttp2_session_want_read(h->s) && !nghttp2_session_want_write(h->s);
+}
+
+/* The thread's pool of pages for sessions, made on first use (NULL: none,
+ * the session's blocks come from malloc). */
+static h2_pool_t *h2__pool(http_server_t *srv) {
+  h2_pool_t **pp = srv->h2_pool;
+  if (pp && !*pp) *pp = h2_pool_new(srv->r);
+  return pp ? *pp : NULL;
+}
+
 /* Makes hc's HTTP/2 state and sends the server's SETTINGS. False when
  * out of memory. */
 bool h2__init(http_conn_t *hc) {
@@ -759,6 +777,7 @@ bool h2__init(http_conn_t *hc) {
     return false;
   }
   h->hc = hc;
+  h2_mem_init(&h->mem, h2__pool(srv));
   /* the connection's window comes back as bytes arrive, a stream's too
    * (h2__on_data): bodies are bounded by max_body, not by windows */
   nghttp2_option_set_no_auto_window_update(opt, 1);
@@ -770,9 +789,12 @@ bool h2__init(http_conn_t *hc) {
   nghttp2_option_set_no_closed_streams(opt, 1);
   /* Rapid Reset (CVE-2023-44487): 1000 resets at once, then 33 a second */
   nghttp2_option_set_stream_reset_rate_limit(opt, 1000, 33);
-  int rv = nghttp2_session_server_new2(&h->s, cbs, h, opt);
+  h->mem.making = true;
+  int rv = nghttp2_session_server_new3(&h->s, cbs, h, opt, &h->mem.mem);
+  h->mem.making = false;
   nghttp2_option_del(opt);
   if (rv) {
+    h2_mem_deinit(&h->mem);
     free(h);
     return false;
   }
@@ -939,6 +961,7 @@ static void h2_closed(conn_t *c, http_conn_t *hc, int reason) {
       if (st->sops) st->sops->on_closed(c, st->sctx, reason);
     while (h->all) h2__stream_free(h->all);
     nghttp2_session_del(s);
+    h2_mem_deinit(&h->mem);
     free(h);
   }
   hc->proto = NULL;

@@ -46,6 +46,35 @@
 
 typedef struct h2_conn h2_conn_t;
 
+/* ---- the session's memory (h2_mem.c) ---- */
+
+/* A lane's slots of whole pages, for the big blocks of its sessions. */
+typedef struct h2_pool h2_pool_t;
+
+/* A block of a session's slot: kept (given back when it reads as zeros:
+ * the stream map's table), the frame buffer (given back when the session
+ * has nothing to send), or freed by nghttp2. */
+enum { H2_BLOCK_KEEP, H2_BLOCK_FRAMES, H2_BLOCK_DEAD };
+#define H2_MEM_BLOCKS 4
+typedef struct {
+  uint32_t off, len;
+  uint8_t kind;
+} h2_block_t;
+
+/* A session's allocator (nghttp2_mem, mem_user_data: itself). */
+typedef struct h2_mem {
+  nghttp2_mem mem;
+  h2_pool_t *pool; /* NULL: malloc alone */
+  char *slot;      /* the pool's, or NULL */
+  size_t used;     /* bytes of the slot handed out, in whole pages */
+  h2_block_t blocks[H2_MEM_BLOCKS];
+  int nblocks;
+  bool making; /* nghttp2 makes the session: big blocks go to the slot */
+  bool warm;   /* its pages may be resident: in the pool's list */
+  bool active; /* touched since the last sweep */
+  struct h2_mem *wnext, **wprev;
+} h2_mem_t;
+
 /* A request stream: its request until the exchange completes, then its
  * response's unsent body. */
 typedef struct h2_stream {
@@ -95,6 +124,7 @@ struct h2_req {
 
 struct h2_conn {
   nghttp2_session *s;
+  h2_mem_t mem; /* s's allocator */
   http_conn_t *hc;
   h2_stream_t *qhead, *qtail; /* whole requests, in order */
   h2_stream_t *cur;           /* the one in hc->x */
@@ -120,6 +150,22 @@ void h2__run(h2_conn_t *h);
 void h2__complete(http_exchange_t *x, bool keep_alive);
 void h2__flush(h2_conn_t *h);
 bool h2__init(http_conn_t *hc);
+/* Whether the session whose allocator m is has nothing to send (its frame
+ * buffer holds nothing it needs) and is in no call of nghttp2's. */
+bool h2__quiet(h2_mem_t *m);
+
+/* h2_mem.c (the pages an idle session gives back). A pool is made for a
+ * lane's reactor (NULL when out of memory) and freed by its owner
+ * (http_h2_pool_free), after its last session. */
+h2_pool_t *h2_pool_new(reactor_t *r);
+/* Prepares m for a session of pool p's (p NULL: plain malloc); set
+ * m->making while nghttp2 makes the session. */
+void h2_mem_init(h2_mem_t *m, h2_pool_t *p);
+/* The session read or sent: its pages are resident until a sweep finds it
+ * quiet (h2__quiet) a whole interval later. */
+void h2_mem_touch(h2_mem_t *m);
+/* After nghttp2_session_del: the slot goes back to the pool. */
+void h2_mem_deinit(h2_mem_t *m);
 
 /* h2_events.c (event streams) */
 void h2__stream_end(h2_stream_t *st);

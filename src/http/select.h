@@ -33,6 +33,10 @@ void http_h2_take(http_conn_t *hc, const char *data, size_t len);
 bool http_h2_upgrade(http_conn_t *hc);
 void http_h2_upgraded(http_conn_t *hc);
 
+/* Frees a thread's pool of HTTP/2 session pages (http_server_t.h2_pool,
+ * h2_mem.c) once the thread's connections are gone. */
+void http_h2_pool_free(struct h2_pool *p);
+
 /* ---- the protocol: what an HTTP listener is given ---- */
 
 /* The proto_t of an HTTP listener: the events go to each connection's

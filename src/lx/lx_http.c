@@ -79,6 +79,8 @@ static lx_http_lane_t *lx__hl(const lx_lane_t *ln) {
 void lx_http_lane_free(lx_lane_t *ln) {
   http_cache_free(lx__hl(ln)->cache);
   lx__hl(ln)->cache = NULL;
+  http_h2_pool_free(lx__hl(ln)->h2_pool); /* (the lane's sessions are gone) */
+  lx__hl(ln)->h2_pool = NULL;
 }
 
 /* ---- the protocol: src/http's, with Lua's on_open and on_close ---- */
@@ -996,6 +998,7 @@ static lx_service_t *lx__http_service(lua_State *L, lx_lane_t *ln, int idx) {
   http_server_t *hs = &cfg->srv;
   s->proto = http_server_proto(lx_http_on_open, lx_http_on_close);
   hs->cache = &lx__hl(ln)->cache;
+  hs->h2_pool = &lx__hl(ln)->h2_pool;
   hs->conn_size = sizeof(lx_hconn_t);
   hs->on_upgrade = cfg->ws ? lx__on_upgrade : NULL;
   hs->on_body = lx_http_reader_wake;

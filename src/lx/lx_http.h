@@ -12,6 +12,7 @@
  * lane_size). */
 typedef struct {
   struct http_cache *cache; /* src/http's (http/server.h); lx_http_lane_free */
+  struct h2_pool *h2_pool;  /* the same, for HTTP/2 sessions' pages */
 } lx_http_lane_t;
 extern int lx_http_slot;
 
