@@ -686,12 +686,26 @@ static ssize_t h2__send_cb(nghttp2_session *s, const uint8_t *d, size_t n,
 }
 
 /* Hands nghttp2's frames to the write queue, up to H2_SEND_BUDGET queued
- * (on_ready asks again); closes a connection nghttp2 is done with. */
+ * (on_ready asks again); closes a connection nghttp2 is done with.
+ *
+ * nghttp2_session_mem_send hands out one frame at a time, and the
+ * smallest response is two (HEADERS, DATA). Written one by one, each
+ * frame was a TLS record of its own (an SSL_write costs about 7,600
+ * instructions whatever its size) and, without io_uring, a system call
+ * of its own. So frames are gathered (copied: mem_send's buffer is
+ * reused by the next call) and go to the queue as one write of at most
+ * H2_GATHER bytes: one record for a small response, or for all the
+ * answers of one read. A frame too big to gather goes as it is, after
+ * what was gathered. The buffer is on the stack: a write may run
+ * another connection's flush (a close's callbacks), never this one's
+ * (h->flushing). */
 void h2__flush(h2_conn_t *h) {
   if (h->flushing || h->in_recv || !h->s) return;
   conn_t *c = h->hc->c;
+  uint8_t gather[H2_GATHER];
+  size_t got = 0;
   h->flushing = true;
-  while (reactor_conn_pending(c) < H2_SEND_BUDGET) {
+  while (reactor_conn_pending(c) + got < H2_SEND_BUDGET) {
     const uint8_t *p;
     ssize_t n = nghttp2_session_mem_send(h->s, &p);
     if (n < 0) {
@@ -701,8 +715,24 @@ void h2__flush(h2_conn_t *h) {
       return;
     }
     if (n == 0) break;
-    if (reactor_conn_write(c, p, (size_t)n)) break; /* it closes */
+    if (got + (size_t)n <= H2_GATHER) {
+      memcpy(gather + got, p, (size_t)n);
+      got += (size_t)n;
+      continue;
+    }
+    if (got && reactor_conn_write(c, gather, got)) { /* it closes */
+      got = 0;
+      break;
+    }
+    got = 0;
+    if ((size_t)n < H2_GATHER) {
+      memcpy(gather, p, (size_t)n);
+      got = (size_t)n;
+    } else if (reactor_conn_write(c, p, (size_t)n)) {
+      break;
+    }
   }
+  if (got) (void)reactor_conn_write(c, gather, got); /* (a failure closes) */
   h->flushing = false;
   h2_stream_t *cur = h->cur;
   if (cur && cur->want_ready && cur->olen - cur->ooff <= H2_STREAM_LOW &&

@@ -22,6 +22,11 @@
 /* Bytes of frames queued for the socket past which nghttp2 is asked for
  * no more until the queue drained (on_ready). */
 #define H2_SEND_BUDGET (256u << 10)
+/* Bytes of small frames h2__flush gathers into one write: the largest
+ * write the reactor puts on the io_uring batch (the batch's limit, 16
+ * KiB, in net/uring.h). A bigger frame (a full DATA frame) goes alone,
+ * uncopied. */
+#define H2_GATHER ((size_t)16 << 10)
 /* Request body bytes a connection buffers for its streams at most (each
  * is also under max_body); a stream past it is refused (REFUSED_STREAM,
  * which a client may retry). */
