@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <nghttp2/nghttp2.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,14 @@ static void h2__body_tell(h2_conn_t *h);
 static void h2__schedule(h2_conn_t *h);
 
 static void h2__unqueue(h2_conn_t *h, h2_stream_t *st);
+
+h2_stream_t *h2__stream_new(void) {
+  h2_stream_t *st = malloc(sizeof(*st));
+  if (!st) return NULL;
+  memset(st, 0, offsetof(h2_stream_t, off));
+  st->fd = -1;
+  return st;
+}
 
 void h2__stream_free(h2_stream_t *st) {
   if (!st) return;
@@ -108,11 +117,10 @@ static int h2__on_begin_headers(nghttp2_session *s, const nghttp2_frame *f,
   h2_conn_t *h = ud;
   if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
     return 0;
-  h2_stream_t *st = calloc(1, sizeof(*st));
+  h2_stream_t *st = h2__stream_new();
   if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
   st->h = h;
   st->id = f->hd.stream_id;
-  st->fd = -1;
   st->t_start = reactor_now(h->hc->srv->r);
   st->anext = h->all;
   if (h->all) h->all->aprev = &st->anext;
@@ -188,9 +196,14 @@ static int h2__on_header(nghttp2_session *s, const nghttp2_frame *f,
 /* The head is whole: the request struct is made from what came. False
  * when out of memory. */
 bool h2__make_request(h2_conn_t *h, h2_stream_t *st) {
-  st->rq = calloc(1, sizeof(*st->rq));
+  /* headers[] (3.2 KiB) is read up to nheaders only: the rest of the
+   * struct is zeroed, not all of it, for each request */
+  st->rq = malloc(sizeof(*st->rq));
   if (!st->rq) return false;
   http_request_t *r = &st->rq->req;
+  memset(r, 0, offsetof(http_request_t, headers));
+  memset(&r->content_length, 0,
+         sizeof(*st->rq) - offsetof(struct h2_req, req.content_length));
   /* Cookie fields may come split (RFC 9113 8.2.3): one field again, with
    * "; " between, as HTTP/1.1 sends it. */
   int ncookie = 0;
