@@ -45,6 +45,14 @@ static void h2__schedule(h2_conn_t *h);
 
 static void h2__unqueue(h2_conn_t *h, h2_stream_t *st);
 
+h2_stream_t *h2__stream_new(void) {
+  h2_stream_t *st = malloc(sizeof(*st));
+  if (!st) return NULL;
+  memset(st, 0, offsetof(h2_stream_t, off));
+  st->fd = -1;
+  return st;
+}
+
 void h2__stream_free(h2_stream_t *st) {
   if (!st) return;
   h2_conn_t *h = st->h;
@@ -109,11 +117,10 @@ static int h2__on_begin_headers(nghttp2_session *s, const nghttp2_frame *f,
   h2_conn_t *h = ud;
   if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
     return 0;
-  h2_stream_t *st = calloc(1, sizeof(*st));
+  h2_stream_t *st = h2__stream_new();
   if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
   st->h = h;
   st->id = f->hd.stream_id;
-  st->fd = -1;
   st->t_start = reactor_now(h->hc->srv->r);
   st->anext = h->all;
   if (h->all) h->all->aprev = &st->anext;
@@ -189,9 +196,14 @@ static int h2__on_header(nghttp2_session *s, const nghttp2_frame *f,
 /* The head is whole: the request struct is made from what came. False
  * when out of memory. */
 bool h2__make_request(h2_conn_t *h, h2_stream_t *st) {
-  st->rq = calloc(1, sizeof(*st->rq));
+  /* headers[] (3.2 KiB) is read up to nheaders only: the rest of the
+   * struct is zeroed, not all of it, for each request */
+  st->rq = malloc(sizeof(*st->rq));
   if (!st->rq) return false;
   http_request_t *r = &st->rq->req;
+  memset(r, 0, offsetof(http_request_t, headers));
+  memset(&r->content_length, 0,
+         sizeof(*st->rq) - offsetof(struct h2_req, req.content_length));
   /* Cookie fields may come split (RFC 9113 8.2.3): one field again, with
    * "; " between, as HTTP/1.1 sends it. */
   int ncookie = 0;
@@ -687,12 +699,26 @@ static ssize_t h2__send_cb(nghttp2_session *s, const uint8_t *d, size_t n,
 }
 
 /* Hands nghttp2's frames to the write queue, up to H2_SEND_BUDGET queued
- * (on_ready asks again); closes a connection nghttp2 is done with. */
+ * (on_ready asks again); closes a connection nghttp2 is done with.
+ *
+ * nghttp2_session_mem_send hands out one frame at a time, and the
+ * smallest response is two (HEADERS, DATA). Written one by one, each
+ * frame was a TLS record of its own (an SSL_write costs about 7,600
+ * instructions whatever its size) and, without io_uring, a system call
+ * of its own. So frames are gathered (copied: mem_send's buffer is
+ * reused by the next call) and go to the queue as one write of at most
+ * H2_GATHER bytes: one record for a small response, or for all the
+ * answers of one read. A frame too big to gather goes as it is, after
+ * what was gathered. The buffer is on the stack: a write may run
+ * another connection's flush (a close's callbacks), never this one's
+ * (h->flushing). */
 void h2__flush(h2_conn_t *h) {
   if (h->flushing || h->in_recv || !h->s) return;
   conn_t *c = h->hc->c;
+  uint8_t gather[H2_GATHER];
+  size_t got = 0;
   h->flushing = true;
-  while (reactor_conn_pending(c) < H2_SEND_BUDGET) {
+  while (reactor_conn_pending(c) + got < H2_SEND_BUDGET) {
     const uint8_t *p;
     ssize_t n = nghttp2_session_mem_send(h->s, &p);
     if (n < 0) {
@@ -702,8 +728,24 @@ void h2__flush(h2_conn_t *h) {
       return;
     }
     if (n == 0) break;
-    if (reactor_conn_write(c, p, (size_t)n)) break; /* it closes */
+    if (got + (size_t)n <= H2_GATHER) {
+      memcpy(gather + got, p, (size_t)n);
+      got += (size_t)n;
+      continue;
+    }
+    if (got && reactor_conn_write(c, gather, got)) { /* it closes */
+      got = 0;
+      break;
+    }
+    got = 0;
+    if ((size_t)n < H2_GATHER) {
+      memcpy(gather, p, (size_t)n);
+      got = (size_t)n;
+    } else if (reactor_conn_write(c, p, (size_t)n)) {
+      break;
+    }
   }
+  if (got) (void)reactor_conn_write(c, gather, got); /* (a failure closes) */
   h->flushing = false;
   h2_mem_touch(&h->mem); /* (after a read too: every read ends here) */
   h2_stream_t *cur = h->cur;

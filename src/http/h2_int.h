@@ -22,6 +22,11 @@
 /* Bytes of frames queued for the socket past which nghttp2 is asked for
  * no more until the queue drained (on_ready). */
 #define H2_SEND_BUDGET (256u << 10)
+/* Bytes of small frames h2__flush gathers into one write: the largest
+ * write the reactor puts on the io_uring batch (the batch's limit, 16
+ * KiB, in net/uring.h). A bigger frame (a full DATA frame) goes alone,
+ * uncopied. */
+#define H2_GATHER ((size_t)16 << 10)
 /* Request body bytes a connection buffers for its streams at most (each
  * is also under max_body); a stream past it is refused (REFUSED_STREAM,
  * which a client may retry). */
@@ -92,8 +97,7 @@ typedef struct h2_stream {
   char *hb; /* header bytes (names, values), offsets until the end */
   size_t hlen, hcap, hsize;
   uint32_t moff, mlen, toff, tlen;
-  uint32_t off[HTTP_MAX_HEADERS][4]; /* name, len, value, len */
-  int nh;
+  int nh; /* entries of off[] */
   char *body;
   size_t blen, bcap;
   uint64_t t_start;
@@ -113,6 +117,8 @@ typedef struct h2_stream {
   struct h2_stream *dnext; /* closed, its on_closed due (h2__reap) */
   bool stalled;            /* buffered bytes at the last idle timeout */
   bool want_ready;         /* told congested: a watcher waits for READY */
+  /* last: read up to nh only, so h2__stream_new leaves it uncleared */
+  uint32_t off[HTTP_MAX_HEADERS][4]; /* name, len, value, len */
 } h2_stream_t;
 
 /* A request struct and its response's writer state (as server.c's). */
@@ -142,6 +148,9 @@ struct h2_conn {
 
 /* h2.c (the session, streams, exchanges, the connection) */
 void h2__stream_free(h2_stream_t *st);
+/* A new stream, zeroed but for off[] (1.6 KiB not cleared per request),
+ * with no fd; NULL when out of memory. */
+h2_stream_t *h2__stream_new(void);
 void h2__enqueue(h2_conn_t *h, h2_stream_t *st);
 long h2__hput(h2_stream_t *st, const uint8_t *p, size_t n);
 bool h2__make_request(h2_conn_t *h, h2_stream_t *st);
