@@ -115,7 +115,10 @@ int http_parse_response(const char *buf, size_t len, size_t max_head,
       res__te_add(&te, h->value, h->value_len);
     } else if (http__ieq(s, c, "connection")) {
       conn_close |= http_list_has(h->value, h->value_len, "close");
-      conn_keep |= http_list_has(h->value, h->value_len, "keep-alive");
+      /* keep-alive counts only in HTTP/1.0 (below): a 1.1 answer's
+       * "Connection: keep-alive" is not looked through twice */
+      if (res->minor == 0)
+        conn_keep |= http_list_has(h->value, h->value_len, "keep-alive");
     }
     p = e + 1;
   }
