@@ -19,7 +19,8 @@
 /* Inline (http1_lex.h's compare): for a literal the length folds, so a
  * name of another length costs one compare, and one of the same length
  * no call to strncasecmp. */
-static inline bool px__name_is(const char *n, size_t len, const char *lit) {
+static inline __attribute__((always_inline)) bool
+px__name_is(const char *n, size_t len, const char *lit) {
   return http__ieq(n, len, lit);
 }
 
