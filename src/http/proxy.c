@@ -633,12 +633,16 @@ static void px__body(proxy_t *p, const char *d, size_t len) {
 static void px__tunnel(proxy_t *p, const char *head, size_t n, const char *rest,
                        size_t rlen);
 
-/* A whole response head at d[0..n) of r: the client gets its head. */
-static void px__head(proxy_t *p, const http_response_t *r) {
+/* A whole response head r: the client gets its head, its lines written
+ * into fields[0..cap). It goes out now, unless `whole` (the answer's
+ * body came with it, or it has none): then with the body's first write
+ * or the end, in one write with a small body (the caller keeps fields
+ * until then). */
+static void px__head(proxy_t *p, const http_response_t *r, char *fields,
+                     size_t cap, bool whole) {
   http_conn_t *hc = p->hc;
-  char fields[16384];
   bool has_type;
-  long fl = px__response_fields(fields, sizeof(fields), r, &has_type);
+  long fl = px__response_fields(fields, cap, r, &has_type);
   if (fl < 0) {
     px__fail(p, -EPROTO);
     return;
@@ -657,12 +661,11 @@ static void px__head(proxy_t *p, const http_response_t *r) {
   default: len = -1; break;
   }
   p->res.answered = true;
-  /* the head goes out now: its lines are on this stack */
   if (http_res_head(&hc->x, &h, len)) {
     px__fail(p, -EPROTO); /* answered 500 */
     return;
   }
-  if (http_res_flush(&hc->x)) {
+  if (!whole && http_res_flush(&hc->x)) {
     px__fail(p, -EPIPE);
     return;
   }
@@ -746,10 +749,20 @@ static void px__on_head_data(proxy_t *p, const char *data, size_t len) {
       return;
     }
     p->res.ms = reactor_now(p->pool->r) - p->t0;
-    px__head(p, &r);
-    if (p->state != PX_BODY) return; /* failed */
     const char *rest = buf + n;
     size_t rlen = have - (size_t)n;
+    /* The answer's body is whole in this read and the client speaks
+     * HTTP/1.1: the head waits for the body (one write for both when
+     * the body is small, ~200 instructions less). The body's write
+     * (px__body, below) sends it, or drops it when the client is gone,
+     * before this returns: fields, where its lines are, lives until then.
+     * An HTTP/2 client's framer gets the head alone, as before. */
+    bool whole = !p->hc->x.conn->framer->out && r.body == HTTP_BODY_LENGTH &&
+                 r.content_length > 0 &&
+                 (uint64_t)rlen >= (uint64_t)r.content_length;
+    char fields[16384];
+    px__head(p, &r, fields, sizeof(fields), whole);
+    if (p->state != PX_BODY) return; /* failed */
     p->hlen = 0;
     if (r.body == HTTP_BODY_NONE ||
         (r.body == HTTP_BODY_LENGTH && r.content_length == 0)) {
