@@ -133,9 +133,16 @@ static int lx__try_check(lua_State *L) {
     lua_pop(L, 1);
     luaL_checkstring(L, 14);
   }
+  /* The request's own handler (the common case) can't be refused: its
+   * connection's uuid is the one passed, so the look-up of the request
+   * (the arm's again, ~170 instructions) is left to the arm. */
+  const lx_run_t *run = ln->running;
+  if (run->kind == LX_CONN && run->c &&
+      reactor_conn_uuid(run->c) == (sock_uuid_t)lua_tonumber(L, 15))
+    return 0;
   http_conn_t *hc;
   conn_t *c = lx__client(L, ln, 15, &hc);
-  if (c && (ln->running->kind != LX_CONN || ln->running->c != c))
+  if (c && (run->kind != LX_CONN || run->c != c))
     luaL_error(L, "up:proxy: only in the request's own handler (not in a "
                   "timer or another callback)");
   return 0;
