@@ -328,6 +328,13 @@ void lx_upstream_open(lua_State *L, lx_lane_t *ln) {
   lx_embed_core_table(L, "upstream");
   lx_push_waiter(L, ln, lx__try_check, lx__try_arm);
   lua_setfield(L, -2, "try");
+  /* the waiter's halves, which up:proxy calls itself (upstream.lua says
+   * why) */
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx__try_check, 1);
+  lua_setfield(L, -2, "try_check");
+  lua_pushlightuserdata(L, (void *)lx__try_arm);
+  lua_setfield(L, -2, "try_arm");
   lua_pushcfunction(L, lx_up_hash);
   lua_setfield(L, -2, "hash");
   lua_pushlightuserdata(L, ln);
