@@ -635,9 +635,8 @@ static void px__tunnel(proxy_t *p, const char *head, size_t n, const char *rest,
 
 /* A whole response head r: the client gets its head, its lines written
  * into fields[0..cap). It goes out now, unless `whole` (the answer's
- * body came with it, or it has none): then with the body's first write
- * or the end, in one write with a small body (the caller keeps fields
- * until then). */
+ * body came with it): then with the body's first write, in one write
+ * with a small body (the caller keeps fields until then). */
 static void px__head(proxy_t *p, const http_response_t *r, char *fields,
                      size_t cap, bool whole) {
   http_conn_t *hc = p->hc;
@@ -665,7 +664,9 @@ static void px__head(proxy_t *p, const http_response_t *r, char *fields,
     px__fail(p, -EPROTO); /* answered 500 */
     return;
   }
-  if (!whole && http_res_flush(&hc->x)) {
+  /* with a body filter (compression) the head may wait past the body's
+   * first write: it goes now, as the lines are the caller's */
+  if ((!whole || hc->x.out->nfilt) && http_res_flush(&hc->x)) {
     px__fail(p, -EPIPE);
     return;
   }
