@@ -13,7 +13,13 @@
 -- generation) and reloads the rest only when it moved.
 local core = require("moonport.core")
 local C = core.upstream
-local try, hash = C.try, C.hash
+local hash = C.hash
+-- core.upstream.try's halves, called here as wait.lua's wrapper would:
+-- the check (it raises for misuse) and a yield that has the runner arm
+-- the try. The wrapper is a vararg function, whose VARG the JIT can't
+-- record after the check's C call: it ran interpreted on every request.
+local try_check, try_arm = C.try_check, C.try_arm
+local yield, TOKEN = core.raw_yield, core.wait_token
 -- monotonic ms, the clock of the down marks every process reads: through
 -- the FFI when it can be had (moonport_upstream_now, src/lx/lx_upstream.c),
 -- which the JIT compiles into the trace; core.fetch.now, a C API function,
@@ -526,10 +532,13 @@ function U.proxy(up, req, res, o)
       for _ = 1, 2 do -- a stale pooled connection gets one fresh try
         s.active = s.active + 1
         if shared_active then up.dict:incr(s.ka, 1, 0) end
+        local port, key, cid, xid = s.port, s.key, req.conn_id, req._xid
+        local ka, cms, tms, tls = up.keepalive, up.connect_timeout, up.timeout, s.tls
+        try_check(req, ip, port, key, ka, cms, tms, authority, target, extra, drop,
+          fresh, tls, ip, cid, xid, body)
         local status, err, sent, answered, reused, ms, spliced =
-          try(req, ip, s.port, s.key, up.keepalive, up.connect_timeout, up.timeout,
-            authority, target, extra, drop, fresh, s.tls, ip,
-            req.conn_id, req._xid, body)
+          yield(TOKEN, try_arm, req, ip, port, key, ka, cms, tms, authority, target,
+            extra, drop, fresh, tls, ip, cid, xid, body)
         settle(up, s, shared_active, status, err, ms)
         if not err then return status, nil, spliced end
         if answered or err == "client closed" then

@@ -18,10 +18,47 @@ extern const unsigned char http__tchar[256];
 static inline int http__lower(int c) {
   return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c;
 }
-/* a[0..alen) equals b[0..blen), ASCII case-insensitively. */
-static inline bool http__ieqn(const char *a, size_t alen, const char *b,
-                              size_t blen) {
+/* Eight bytes with their ASCII capitals in lower case (any other byte,
+ * 0x80 and up too, as it is): a capital is a byte whose low seven bits
+ * are 'A'..'Z' (each sum stays inside its byte) and whose top bit is
+ * clear, and gets 0x20 added. */
+static inline uint64_t http__lower8(uint64_t x) {
+  const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+  uint64_t h = x & ~highs;
+  uint64_t ge_a = h + (0x80 - 'A') * ones;     /* top bit: h >= 'A' */
+  uint64_t gt_z = h + (0x80 - 'Z' - 1) * ones; /* top bit: h > 'Z' */
+  return x | ((ge_a & ~gt_z & ~x & highs) >> 2);
+}
+static inline uint64_t http__load8(const char *p) {
+  uint64_t x;
+  memcpy(&x, p, 8);
+  return x;
+}
+static inline uint64_t http__load4(const char *p) {
+  uint32_t x;
+  memcpy(&x, p, 4);
+  return x;
+}
+/* a[0..alen) equals b[0..blen), ASCII case-insensitively. Eight bytes
+ * at a time (the last eight, or two fours, overlap what came before):
+ * a field name is compared with a literal in a few instructions, not ten
+ * a byte (the response side of a proxied request compares ~70 bytes).
+ * Always inline: a call would cost more than a compare of another length,
+ * and a literal's words fold only inline. */
+static inline __attribute__((always_inline)) bool
+http__ieqn(const char *a, size_t alen, const char *b, size_t blen) {
   if (alen != blen) return false;
+  if (alen >= 8) {
+    size_t i = 0;
+    for (; i + 8 < alen; i += 8)
+      if (http__lower8(http__load8(a + i)) != http__lower8(http__load8(b + i)))
+        return false;
+    return http__lower8(http__load8(a + alen - 8)) ==
+           http__lower8(http__load8(b + alen - 8));
+  }
+  if (alen >= 4)
+    return http__lower8(http__load4(a) | http__load4(a + alen - 4) << 32) ==
+           http__lower8(http__load4(b) | http__load4(b + alen - 4) << 32);
   for (size_t i = 0; i < alen; i++)
     if (http__lower((unsigned char)a[i]) != http__lower((unsigned char)b[i]))
       return false;
@@ -31,7 +68,8 @@ static inline bool http__ieqn(const char *a, size_t alen, const char *b,
  * Inline: for a literal b (every caller's) the length is a constant, so
  * a field of another length costs one compare (the response parser asks
  * three names of every field). */
-static inline bool http__ieq(const char *a, size_t alen, const char *b) {
+static inline __attribute__((always_inline)) bool
+http__ieq(const char *a, size_t alen, const char *b) {
   return http__ieqn(a, alen, b, strlen(b));
 }
 /* s[0..n) may stand in a field value or a reason phrase: no control

@@ -91,8 +91,14 @@ int http_parse_response(const char *buf, size_t len, size_t max_head,
     const char *s = buf + p;
     size_t n = ce - p;
     if (s[0] == ' ' || s[0] == '\t') return HTTP_RES_BAD; /* obs-fold */
+    /* the name, four bytes a step while they last (a table look-up and
+     * a branch a byte cost ~290 instructions of a proxied request) */
     size_t c = 0;
-    while (c < n && http__tchar[(unsigned char)s[c]]) c++;
+    const unsigned char *u = (const unsigned char *)s;
+    while (c + 4 <= n && (http__tchar[u[c]] & http__tchar[u[c + 1]] &
+                          http__tchar[u[c + 2]] & http__tchar[u[c + 3]]))
+      c += 4;
+    while (c < n && http__tchar[u[c]]) c++;
     if (c == 0 || c >= n || s[c] != ':') return HTTP_RES_BAD;
     size_t v = c + 1, ve = n;
     while (v < ve && (s[v] == ' ' || s[v] == '\t')) v++;
@@ -115,7 +121,10 @@ int http_parse_response(const char *buf, size_t len, size_t max_head,
       res__te_add(&te, h->value, h->value_len);
     } else if (http__ieq(s, c, "connection")) {
       conn_close |= http_list_has(h->value, h->value_len, "close");
-      conn_keep |= http_list_has(h->value, h->value_len, "keep-alive");
+      /* keep-alive counts only in HTTP/1.0 (below): a 1.1 answer's
+       * "Connection: keep-alive" is not looked through twice */
+      if (res->minor == 0)
+        conn_keep |= http_list_has(h->value, h->value_len, "keep-alive");
     }
     p = e + 1;
   }

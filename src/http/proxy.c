@@ -19,26 +19,40 @@
 /* Inline (http1_lex.h's compare): for a literal the length folds, so a
  * name of another length costs one compare, and one of the same length
  * no call to strncasecmp. */
-static inline bool px__name_is(const char *n, size_t len, const char *lit) {
+static inline __attribute__((always_inline)) bool
+px__name_is(const char *n, size_t len, const char *lit) {
   return http__ieq(n, len, lit);
 }
 
-/* Whether the comma-separated list v[0..vl) names n[0..nl). */
-static bool px__listed(const char *v, size_t vl, const char *n, size_t nl) {
+/* The options a message's Connection fields name (RFC 9110 7.6.1),
+ * pointers into the message: split once per message, so a field costs a
+ * length compare per option rather than a scan of the joined list (about
+ * 100 instructions a field, callgrind). Options past PX_CONN_MAX are not
+ * kept, which only keeps more fields: a list the joined 1 KiB of the
+ * first version held has fewer. */
+#define PX_CONN_MAX 512
+typedef struct {
+  int n;
+  const char *p[PX_CONN_MAX];
+  uint32_t len[PX_CONN_MAX];
+} px_conn_t;
+
+static void px__conn_add(px_conn_t *c, const char *v, size_t vl) {
   size_t i = 0;
-  while (i < vl) {
+  while (i < vl && c->n < PX_CONN_MAX) {
     while (i < vl && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) i++;
     size_t s = i;
     while (i < vl && v[i] != ',') i++;
     size_t e = i;
     while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t')) e--;
-    if (e - s == nl && strncasecmp(v + s, n, nl) == 0) return true;
+    if (e > s) {
+      c->p[c->n] = v + s;
+      c->len[c->n++] = (uint32_t)(e - s);
+    }
   }
-  return false;
 }
 
-bool proxy_hop_by_hop(const char *name, size_t len, const char *conn,
-                      size_t conn_len) {
+static inline bool px__hop(const char *name, size_t len, const px_conn_t *c) {
   switch (len) {
   case 2: if (px__name_is(name, len, "te")) return true; break;
   case 7:
@@ -53,22 +67,25 @@ bool proxy_hop_by_hop(const char *name, size_t len, const char *conn,
   case 17: if (px__name_is(name, len, "transfer-encoding")) return true; break;
   default: break;
   }
-  return conn && px__listed(conn, conn_len, name, len);
+  for (int i = 0; i < c->n; i++)
+    if (c->len[i] == len && http__ieqn(c->p[i], len, name, len)) return true;
+  return false;
 }
 
-/* The message's Connection values joined with ',' into buf (at most cap
- * bytes; the rest is cut, which only keeps more fields). */
-static size_t px__connection(const http_header_t *h, int n, char *buf, size_t cap) {
-  size_t at = 0;
-  for (int i = 0; i < n; i++) {
-    if (!px__name_is(h[i].name, h[i].name_len, "connection")) continue;
-    size_t l = h[i].value_len;
-    if (at + l + 1 > cap) break;
-    if (at) buf[at++] = ',';
-    memcpy(buf + at, h[i].value, l);
-    at += l;
-  }
-  return at;
+bool proxy_hop_by_hop(const char *name, size_t len, const char *conn,
+                      size_t conn_len) {
+  px_conn_t c;
+  c.n = 0;
+  if (conn) px__conn_add(&c, conn, conn_len);
+  return px__hop(name, len, &c);
+}
+
+/* The options of the message's Connection fields, into c. */
+static void px__connection(const http_header_t *h, int n, px_conn_t *c) {
+  c->n = 0;
+  for (int i = 0; i < n; i++)
+    if (px__name_is(h[i].name, h[i].name_len, "connection"))
+      px__conn_add(c, h[i].value, h[i].value_len);
 }
 
 /* Whether name is in the '\n'-ended list of lower-case names. */
@@ -102,14 +119,25 @@ static void px__puts(px_out_t *o, const char *s) { px__put(o, s, strlen(s)); }
 long proxy_request_head(char *out, size_t cap, const http_request_t *req,
                         const proxy_head_opts_t *o) {
   px_out_t w = {out, out + cap, false};
-  char conn[1024];
-  size_t cl = px__connection(req->headers, req->nheaders, conn, sizeof(conn));
+  /* one pass for what the rewrite needs before the fields: the
+   * Connection options, the first Host and Upgrade (http_header's) */
+  px_conn_t conn;
+  conn.n = 0;
+  const http_header_t *host = NULL, *up = NULL;
+  for (int i = 0; i < req->nheaders; i++) {
+    const http_header_t *h = &req->headers[i];
+    if (px__name_is(h->name, h->name_len, "connection"))
+      px__conn_add(&conn, h->value, h->value_len);
+    else if (!host && px__name_is(h->name, h->name_len, "host"))
+      host = h;
+    else if (!up && px__name_is(h->name, h->name_len, "upgrade"))
+      up = h;
+  }
   px__put(&w, req->method, req->method_len);
   PX_PUT(&w, " ");
   if (o->target) px__put(&w, o->target, o->target_len);
   else px__put(&w, req->target, req->target_len);
   PX_PUT(&w, " HTTP/1.1\r\nHost: ");
-  const http_header_t *host = http_header(req, "host");
   if (o->host) px__put(&w, o->host, o->host_len);
   else if (host) px__put(&w, host->value, host->value_len);
   PX_PUT(&w, "\r\n");
@@ -118,7 +146,7 @@ long proxy_request_head(char *out, size_t cap, const http_request_t *req,
     const http_header_t *h = &req->headers[i];
     const char *n = h->name;
     size_t nl = h->name_len;
-    if (proxy_hop_by_hop(n, nl, cl ? conn : NULL, cl)) continue;
+    if (px__hop(n, nl, &conn)) continue;
     if (px__name_is(n, nl, "host") || px__name_is(n, nl, "content-length") ||
         px__name_is(n, nl, "x-forwarded-proto") ||
         px__name_is(n, nl, "x-forwarded-host"))
@@ -171,7 +199,6 @@ long proxy_request_head(char *out, size_t cap, const http_request_t *req,
   PX_PUT(&w, "\r\n");
   if (req->upgrade) {
     /* the one hop-by-hop pair a tunnel needs passed on */
-    const http_header_t *up = http_header(req, "upgrade");
     PX_PUT(&w, "Connection: upgrade\r\nUpgrade: ");
     if (up) px__put(&w, up->value, up->value_len);
     PX_PUT(&w, "\r\n");
@@ -205,12 +232,12 @@ long proxy_request_head(char *out, size_t cap, const http_request_t *req,
 static long px__response_fields(char *out, size_t cap, const http_response_t *r,
                                 bool *has_type) {
   px_out_t w = {out, out + cap, false};
-  char conn[1024];
-  size_t cl = px__connection(r->headers, r->nheaders, conn, sizeof(conn));
+  px_conn_t conn;
+  px__connection(r->headers, r->nheaders, &conn);
   *has_type = false;
   for (int i = 0; i < r->nheaders; i++) {
     const http_header_t *h = &r->headers[i];
-    if (proxy_hop_by_hop(h->name, h->name_len, cl ? conn : NULL, cl) ||
+    if (px__hop(h->name, h->name_len, &conn) ||
         px__name_is(h->name, h->name_len, "content-length") ||
         px__name_is(h->name, h->name_len, "date"))
       continue;
@@ -606,12 +633,15 @@ static void px__body(proxy_t *p, const char *d, size_t len) {
 static void px__tunnel(proxy_t *p, const char *head, size_t n, const char *rest,
                        size_t rlen);
 
-/* A whole response head at d[0..n) of r: the client gets its head. */
-static void px__head(proxy_t *p, const http_response_t *r) {
+/* A whole response head r: the client gets its head, its lines written
+ * into fields[0..cap). It goes out now, unless `whole` (the answer's
+ * body came with it): then with the body's first write, in one write
+ * with a small body (the caller keeps fields until then). */
+static void px__head(proxy_t *p, const http_response_t *r, char *fields,
+                     size_t cap, bool whole) {
   http_conn_t *hc = p->hc;
-  char fields[16384];
   bool has_type;
-  long fl = px__response_fields(fields, sizeof(fields), r, &has_type);
+  long fl = px__response_fields(fields, cap, r, &has_type);
   if (fl < 0) {
     px__fail(p, -EPROTO);
     return;
@@ -630,12 +660,13 @@ static void px__head(proxy_t *p, const http_response_t *r) {
   default: len = -1; break;
   }
   p->res.answered = true;
-  /* the head goes out now: its lines are on this stack */
   if (http_res_head(&hc->x, &h, len)) {
     px__fail(p, -EPROTO); /* answered 500 */
     return;
   }
-  if (http_res_flush(&hc->x)) {
+  /* with a body filter (compression) the head may wait past the body's
+   * first write: it goes now, as the lines are the caller's */
+  if ((!whole || hc->x.out->nfilt) && http_res_flush(&hc->x)) {
     px__fail(p, -EPIPE);
     return;
   }
@@ -719,10 +750,20 @@ static void px__on_head_data(proxy_t *p, const char *data, size_t len) {
       return;
     }
     p->res.ms = reactor_now(p->pool->r) - p->t0;
-    px__head(p, &r);
-    if (p->state != PX_BODY) return; /* failed */
     const char *rest = buf + n;
     size_t rlen = have - (size_t)n;
+    /* The answer's body is whole in this read and the client speaks
+     * HTTP/1.1: the head waits for the body (one write for both when
+     * the body is small, ~200 instructions less). The body's write
+     * (px__body, below) sends it, or drops it when the client is gone,
+     * before this returns: fields, where its lines are, lives until then.
+     * An HTTP/2 client's framer gets the head alone, as before. */
+    bool whole = !p->hc->x.conn->framer->out && r.body == HTTP_BODY_LENGTH &&
+                 r.content_length > 0 &&
+                 (uint64_t)rlen >= (uint64_t)r.content_length;
+    char fields[16384];
+    px__head(p, &r, fields, sizeof(fields), whole);
+    if (p->state != PX_BODY) return; /* failed */
     p->hlen = 0;
     if (r.body == HTTP_BODY_NONE ||
         (r.body == HTTP_BODY_LENGTH && r.content_length == 0)) {

@@ -135,6 +135,8 @@ static const lx_module_t lx_modules[] = {
     {.name = "fetch", .open = lx_fetch_open},
     /* mp.upstream: its pooled connections are on the reactor */
     {.name = "upstream",
+     .slot = &lx_upstream_slot,
+     .lane_size = sizeof(lx_upstream_lane_t),
      .open = lx_upstream_open,
      .close = lx_upstream_lane_free},
     /* mp.websocket: Lua over mp.connect, nothing of its own to end */

@@ -24,29 +24,71 @@
 /* The dictionary of upstream.lua's shared state. */
 #define LX_UP_DICT "moonport.upstream"
 
-/* The lane's pool, made on first use (registry, light userdata). */
-static const char lx_up_pool_key = 0;
+/* The row's slot (lx_module.h): set by the runner before the first lane,
+ * read-only after. */
+int lx_upstream_slot = -1;
 
-static proxy_pool_t *lx__pool(lua_State *L, lx_lane_t *ln, bool make) {
-  lua_pushlightuserdata(L, (void *)&lx_up_pool_key);
-  lua_rawget(L, LUA_REGISTRYINDEX);
-  proxy_pool_t *p = lua_touserdata(L, -1);
-  lua_pop(L, 1);
-  if (p || !make) return p;
-  p = proxy_pool_new(ln->r);
-  if (!p) return NULL;
-  lua_pushlightuserdata(L, (void *)&lx_up_pool_key);
-  lua_pushlightuserdata(L, p);
-  lua_rawset(L, LUA_REGISTRYINDEX);
-  return p;
+/* Tries in flight, each with the run it resumes. Kept in the lane's
+ * spares after use (a malloc and a free of every proxied request, ~140
+ * instructions): at most LX_UP_SPARE_MAX; none under ASan, so that a use
+ * after free is still caught. */
+typedef struct lx_up_wait {
+  lx_lane_t *ln;
+  lx_run_t run;
+  struct lx_up_wait *next; /* among the spares */
+} lx_up_wait_t;
+
+#if defined(__SANITIZE_ADDRESS__)
+#define LX_UP_SPARE_MAX 0
+#else
+#define LX_UP_SPARE_MAX 64
+#endif
+
+static lx_upstream_lane_t *lx__ul(const lx_lane_t *ln) {
+  return lx_lane_state(ln, lx_upstream_slot);
+}
+
+static lx_up_wait_t *lx__wait_new(lx_lane_t *ln) {
+  lx_upstream_lane_t *ul = lx__ul(ln);
+  lx_up_wait_t *w = ul->spare;
+  if (!w) return malloc(sizeof(*w));
+  ul->spare = w->next;
+  ul->n_spare--;
+  return w;
+}
+
+/* w back to its lane's spares; freed once the lane is closing (its close
+ * hook has freed the spares, or is about to). */
+static void lx__wait_free(lx_up_wait_t *w) {
+  lx_lane_t *ln = w->ln;
+  lx_upstream_lane_t *ul = lx__ul(ln);
+  if (ln->closing || ul->n_spare >= LX_UP_SPARE_MAX) {
+    free(w);
+    return;
+  }
+  w->next = ul->spare;
+  ul->spare = w;
+  ul->n_spare++;
+}
+
+/* The lane's pool, made on first use (its state: a registry look-up here
+ * cost ~200 instructions of every proxied request). */
+static proxy_pool_t *lx__pool(lx_lane_t *ln, bool make) {
+  lx_upstream_lane_t *ul = lx__ul(ln);
+  if (!ul->pool && make) ul->pool = proxy_pool_new(ln->r);
+  return ul->pool;
 }
 
 void lx_upstream_lane_free(lx_lane_t *ln) {
-  proxy_pool_t *p = lx__pool(ln->L, ln, false);
-  if (!p) return;
-  lua_pushlightuserdata(ln->L, (void *)&lx_up_pool_key);
-  lua_pushnil(ln->L);
-  lua_rawset(ln->L, LUA_REGISTRYINDEX);
+  lx_upstream_lane_t *ul = lx__ul(ln);
+  while (ul->spare) {
+    lx_up_wait_t *w = ul->spare;
+    ul->spare = w->next;
+    free(w);
+  }
+  ul->n_spare = 0;
+  proxy_pool_t *p = ul->pool;
+  ul->pool = NULL;
   proxy_pool_free(p);
 }
 
@@ -91,24 +133,26 @@ static int lx__try_check(lua_State *L) {
     lua_pop(L, 1);
     luaL_checkstring(L, 14);
   }
+  /* The request's own handler (the common case) can't be refused: its
+   * connection's uuid is the one passed, so the look-up of the request
+   * (the arm's again, ~170 instructions) is left to the arm. */
+  const lx_run_t *run = ln->running;
+  if (run->kind == LX_CONN && run->c &&
+      reactor_conn_uuid(run->c) == (sock_uuid_t)lua_tonumber(L, 15))
+    return 0;
   http_conn_t *hc;
   conn_t *c = lx__client(L, ln, 15, &hc);
-  if (c && (ln->running->kind != LX_CONN || ln->running->c != c))
+  if (c && (run->kind != LX_CONN || run->c != c))
     luaL_error(L, "up:proxy: only in the request's own handler (not in a "
                   "timer or another callback)");
   return 0;
 }
 
-typedef struct {
-  lx_lane_t *ln;
-  lx_run_t run;
-} lx_up_wait_t;
-
 static void lx__try_done(void *arg, const proxy_result_t *r) {
   lx_up_wait_t *w = arg;
   lx_lane_t *ln = w->ln;
   lx_run_t run = w->run;
-  free(w);
+  lx__wait_free(w);
   if (ln->closing) {
     lx_run_abandon(ln, &run);
     return;
@@ -154,17 +198,17 @@ static int lx__try_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   http_conn_t *hc;
   conn_t *c = lx__client(co, ln, 17, &hc);
   if (!c) {
-    lx_up_wait_t *w = malloc(sizeof(*w));
+    lx_up_wait_t *w = lx__wait_new(ln);
     if (!w) return -ENOMEM;
     w->ln = ln;
     w->run = *run;
     if (reactor_defer(ln->r, lx__try_gone, w, NULL)) {
-      free(w);
+      lx__wait_free(w);
       return -ENOMEM;
     }
     return 0;
   }
-  proxy_pool_t *pool = lx__pool(ln->L, ln, true);
+  proxy_pool_t *pool = lx__pool(ln, true);
   if (!pool) return -ENOMEM;
   /* First, before anything is allocated: the check made the context, so
    * this is the client cache's hit and raises nothing. Our reference is
@@ -212,7 +256,7 @@ static int lx__try_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
     net_tls_ctx_unref(tls);
     return (int)hl;
   }
-  lx_up_wait_t *w = malloc(sizeof(*w));
+  lx_up_wait_t *w = lx__wait_new(ln);
   if (!w) {
     if (head != stack) free(head);
     net_tls_ctx_unref(tls);
@@ -242,7 +286,7 @@ static int lx__try_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
   int rc = proxy_start(pool, c, hc, &t, lx__try_done, w);
   if (head != stack) free(head);
   net_tls_ctx_unref(tls);
-  if (rc) free(w);
+  if (rc) lx__wait_free(w);
   return rc;
 }
 
@@ -275,7 +319,7 @@ static int lx_up_hash(lua_State *L) {
 /* idle(): upstream connections the lane's pool holds. */
 static int lx_up_idle(lua_State *L) {
   lx_lane_t *ln = lua_touserdata(L, lua_upvalueindex(1));
-  proxy_pool_t *p = lx__pool(L, ln, false);
+  proxy_pool_t *p = lx__pool(ln, false);
   lua_pushinteger(L, p ? (lua_Integer)proxy_pool_idle(p) : 0);
   return 1;
 }
@@ -284,6 +328,13 @@ void lx_upstream_open(lua_State *L, lx_lane_t *ln) {
   lx_embed_core_table(L, "upstream");
   lx_push_waiter(L, ln, lx__try_check, lx__try_arm);
   lua_setfield(L, -2, "try");
+  /* the waiter's halves, which up:proxy calls itself (upstream.lua says
+   * why) */
+  lua_pushlightuserdata(L, ln);
+  lua_pushcclosure(L, lx__try_check, 1);
+  lua_setfield(L, -2, "try_check");
+  lua_pushlightuserdata(L, (void *)lx__try_arm);
+  lua_setfield(L, -2, "try_arm");
   lua_pushcfunction(L, lx_up_hash);
   lua_setfield(L, -2, "hash");
   lua_pushlightuserdata(L, ln);

@@ -8,11 +8,21 @@
 
 #include "lx/lx_lane.h"
 
+/* The module's state in a lane (lx_module.h: its row's slot and
+ * lane_size): the pool, made on first use, and the try's waits kept for
+ * the next request. */
+typedef struct {
+  struct proxy_pool *pool;
+  struct lx_up_wait *spare;
+  int n_spare;
+} lx_upstream_lane_t;
+extern int lx_upstream_slot;
+
 /* Registers core.upstream and sets mp.upstream in the module table at the
  * top of L. */
 void lx_upstream_open(lua_State *L, lx_lane_t *ln);
-/* Closes the lane's pooled upstream connections and detaches the
- * exchanges in flight; before the reactor goes. */
+/* Closes the lane's pooled upstream connections, detaches the exchanges
+ * in flight and frees the spare waits; before the reactor goes. */
 void lx_upstream_lane_free(lx_lane_t *ln);
 /* The per-server metrics of every mp.upstream (requests, errors, latency,
  * state; from its shared dictionary) in the Prometheus text format,
