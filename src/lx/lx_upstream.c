@@ -240,7 +240,8 @@ static int lx__try_arm(lx_lane_t *ln, const lx_run_t *run, lua_State *co) {
     o.body_len = -1;
   } else {
     /* a string on the stack until the copy */
-    body = lua_type(co, 19) == LUA_TSTRING ? lua_tolstring(co, 19, &blen) : NULL;
+    body =
+        lua_type(co, 19) == LUA_TSTRING ? lua_tolstring(co, 19, &blen) : NULL;
     o.body_len = body ? (long long)blen : -2;
   }
   size_t cap = hc->head_len + o.extra_len + o.target_len + o.host_len + 1024;
