@@ -113,16 +113,6 @@ static void pb__add(pb_lines_t *b, const char *s, size_t n) {
 
 static void pb__adds(pb_lines_t *b, const char *s) { pb__add(b, s, strlen(s)); }
 
-static char *pb__hex(char *p, uint64_t v) {
-  static const char digits[] = "0123456789abcdef";
-  char tmp[16];
-  int i = 0;
-  do tmp[i++] = digits[v & 15];
-  while ((v >>= 4));
-  while (i) *p++ = tmp[--i];
-  return p;
-}
-
 /* The file's ETag, "size-mtime" in hex (mtime in ns), at out (room: 37
  * bytes, NUL included); its length. The thread keeps the last one made
  * (a file asked for again, or a folder's files of one size and time). */
@@ -140,9 +130,9 @@ static size_t pb__etag(char *out, uint64_t size, uint64_t mtime_ns) {
   }
   char *p = out;
   *p++ = '"';
-  p = pb__hex(p, size);
+  p = http_put_hex(p, size);
   *p++ = '-';
-  p = pb__hex(p, mtime_ns);
+  p = http_put_hex(p, mtime_ns);
   *p++ = '"';
   *p = 0;
   size_t n = (size_t)(p - out);

@@ -36,7 +36,7 @@ static char *rs__put_uint(char *p, uint64_t v) {
   return p;
 }
 
-static char *rs__put_hex(char *p, uint64_t v) {
+char *http_put_hex(char *p, uint64_t v) {
   static const char digits[] = "0123456789abcdef";
   char tmp[16];
   int i = 0;
@@ -207,7 +207,7 @@ static int rs__frame(http_exchange_t *x, const char *p, size_t n, bool last,
     char *q = fr;
     bool inl = n <= HTTP_INLINE_BODY && tlen <= 1024;
     if (n) {
-      q = rs__put_hex(q, n);
+      q = http_put_hex(q, n);
       q = RS_PUT(q, "\r\n");
       if (inl) {
         q = rs__put(q, p, n);

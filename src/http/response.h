@@ -196,4 +196,8 @@ static inline void http_out_reset(http_out_t *o) {
   o->h.hlen = 0;
 }
 
+/* Writes v in lower-case hex at p (at most 16 bytes, no NUL); returns the
+ * end. The chunk sizes' writer, also the static sender's ETags'. */
+char *http_put_hex(char *p, uint64_t v);
+
 #endif
