@@ -5,7 +5,6 @@
  * their fields through the table in lx_modules.c (timers and sleep:
  * lx_timer.c). */
 #include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -386,7 +385,8 @@ static int lx_engine(lua_State *L) {
 }
 
 static int lx_stop(lua_State *L) {
-  kill(getpid(), SIGTERM);
+  lx_server_t *srv = lx__ln(L)->srv;
+  if (srv->proc.stop) srv->proc.stop(srv);
   return 0;
 }
 

@@ -81,6 +81,10 @@ typedef struct lx_proc {
   uint64_t beat_sent; /* a worker's main thread: its last IPC_BEAT */
   bool stuck_told;    /* ... and whether it reported the stuck lane */
   int wake_fd; /* eventfd the main thread polls: signals, lanes done */
+  /* mp.stop(): starts the graceful shutdown of the whole server, from any
+   * lane (server/process.c's proc_stop_server). */
+  void (*stop)(struct lx_server *srv);
+  int root_pid; /* a worker's root, as forked (0 in the root or alone) */
 } lx_proc_t;
 
 /* The server: its binding part (lanes, listeners, dictionaries, the

@@ -88,6 +88,18 @@ void proc_on_stop_signal(int sig) {
   errno = saved;
 }
 
+/* mp.stop(), on a lane thread. The worker of a root asks the root, which
+ * stops every worker (this one too); the root, or a process alone, starts
+ * its own shutdown as its SIGTERM handler would, without sending itself a
+ * signal: which thread a signal lands on, and when a sanitizer's runtime
+ * lets it run, are not ours to choose. A worker whose root is gone (its
+ * parent changed) stops alone. */
+void proc_stop_server(lx_server_t *srv) {
+  int root = srv->proc.root_pid;
+  if (root > 0 && getppid() == root && kill(root, SIGTERM) == 0) return;
+  proc_on_stop_signal(SIGTERM);
+}
+
 /* SIGPIPE: writes to a closed socket then fail with EPIPE instead of
  * killing us; SIGHUP in a worker: a terminal's hangup reaches the whole
  * process group, and reloading is the root's business. */

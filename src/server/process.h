@@ -27,6 +27,8 @@ extern int proc_wake_fd;                 /* the main thread's eventfd */
 /* Installs fn for sig (SA_RESTART). */
 void proc_handle(int sig, void (*fn)(int));
 void proc_on_stop_signal(int sig);
+/* mp.stop() (lx_proc_t.stop): the graceful shutdown of the whole server. */
+void proc_stop_server(lx_server_t *srv);
 void proc_on_reload(int sig);
 void proc_on_reopen(int sig);
 void proc_on_restart(int sig);

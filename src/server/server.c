@@ -70,6 +70,7 @@ int server_main(const server_opts_t *o) {
   pthread_mutex_init(&srv.proc.ipc_lock, NULL);
   pthread_mutex_init(&srv.shared_lock, NULL);
   srv.proc.ipc_fd = -1;
+  srv.proc.stop = proc_stop_server;
   link_init(&srv.proc.link, -1, -1);
   srv.access_fd = -1;
   if (o->log) {

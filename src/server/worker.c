@@ -295,6 +295,7 @@ int proc_worker_main(int index, int sink, int ipc_fd, void *arg) {
   srv->ps = NULL;
   srv->proc.peers = NULL;
   srv->proc.ipc_fd = ipc_fd;
+  srv->proc.root_pid = getppid(); /* just forked by it */
   pthread_mutex_init(&srv->proc.ipc_lock, NULL);
   pthread_mutex_init(&srv->shared_lock, NULL);
   ipc_reader_init(&srv->proc.ipc_reader, LX_MAX_CHANNEL + LX_MAX_MESSAGE);
