@@ -718,7 +718,12 @@ void h2__flush(h2_conn_t *h) {
   uint8_t gather[H2_GATHER];
   size_t got = 0;
   h->flushing = true;
-  while (reactor_conn_pending(c) + got < H2_SEND_BUDGET) {
+  /* A mem_send with nothing to send costs about 300 instructions, and a
+   * request's read and its run each ended with one: want_write (a few
+   * pointer tests) asks first. After a frame it says yes until the call
+   * that returns 0, which finishes that frame's bookkeeping. */
+  while (nghttp2_session_want_write(h->s) &&
+         reactor_conn_pending(c) + got < H2_SEND_BUDGET) {
     const uint8_t *p;
     ssize_t n = nghttp2_session_mem_send(h->s, &p);
     if (n < 0) {
@@ -906,11 +911,14 @@ static void h2_on_data(conn_t *c, const char *data, size_t len) {
     reactor_conn_close(c, CONN_LOCAL);
     return;
   }
-  h2__flush(h);
-  h2__body_tell(h);
   /* in the connection's own callback (not a handler's): the requests that
-   * became whole run now, as HTTP/1.1's do from its read */
-  if (!h->cur && hc->state == HTTP_C_HEAD && !h->task) h2__run(h);
+   * became whole run now, as HTTP/1.1's do from its read, and the run's
+   * flush sends what the read queued too (a first request's SETTINGS ack
+   * goes with its answer: one write) */
+  bool run = !h->cur && hc->state == HTTP_C_HEAD && !h->task && !h->in_run;
+  if (!run) h2__flush(h);
+  h2__body_tell(h);
+  if (run) h2__run(h);
 }
 
 static void h2_on_timeout(conn_t *c) {

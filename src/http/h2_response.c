@@ -177,7 +177,10 @@ int h2__out(http_exchange_t *x, const char *p, size_t n, bool last,
     rc = h2__submit_head(h, st, x->out, last && st->olen == 0);
   else if (st->deferred && nghttp2_session_resume_data(h->s, st->id) == 0)
     st->deferred = false;
-  h2__flush(h);
+  /* a whole answer given inside h2__run (a handler that answered at once)
+   * goes with the run's own flush, gathered with the answers of the
+   * streams it runs next: one write, one TLS record for them all */
+  if (!h->in_run || !last) h2__flush(h);
 out:
   if (release) release(ctx, ctx2);
   return rc;
@@ -196,6 +199,6 @@ int h2__out_file(http_exchange_t *x, int fd, off_t off, uint64_t len) {
   st->fleft = len;
   st->olast = true;
   int rc = h2__submit_head(h, st, x->out, false);
-  h2__flush(h);
+  if (!h->in_run) h2__flush(h); /* (else the run's flush, as in h2__out) */
   return rc;
 }
