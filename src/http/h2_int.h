@@ -148,9 +148,10 @@ struct h2_conn {
 
 /* h2.c (the session, streams, exchanges, the connection) */
 void h2__stream_free(h2_stream_t *st);
-/* A new stream, zeroed but for off[] (1.6 KiB not cleared per request),
- * with no fd; NULL when out of memory. */
-h2_stream_t *h2__stream_new(void);
+/* A new stream of h's (st->h set, in no list), zeroed but for off[]
+ * (1.6 KiB not cleared per request), with no fd; NULL when out of
+ * memory. */
+h2_stream_t *h2__stream_new(h2_conn_t *h);
 void h2__enqueue(h2_conn_t *h, h2_stream_t *st);
 long h2__hput(h2_stream_t *st, const uint8_t *p, size_t n);
 bool h2__make_request(h2_conn_t *h, h2_stream_t *st);
@@ -175,6 +176,20 @@ void h2_mem_init(h2_mem_t *m, h2_pool_t *p);
 void h2_mem_touch(h2_mem_t *m);
 /* After nghttp2_session_del: the slot goes back to the pool. */
 void h2_mem_deinit(h2_mem_t *m);
+
+/* Spare blocks of a lane's (h2_mem.c): a request's stream struct (1.8
+ * KiB), its request struct (3.5 KiB), its header bytes' first buffer and
+ * its response's first buffer. Past glibc's per-thread cache in size, each
+ * cost a malloc and a free of some 300 instructions a request; a lane
+ * keeps a few of each instead, and gives them back once its sessions are
+ * quiet (the sweep). Takes a block of the kind's size (malloc when the
+ * lane has none; p NULL: malloc), or NULL when out of memory; gives one
+ * back (NULL: nothing; free when the lane keeps enough). */
+enum { H2_SPARE_STREAM, H2_SPARE_REQ, H2_SPARE_HBUF, H2_SPARE_OBUF, H2_SPARES };
+#define H2_HBUF_FIRST 512
+#define H2_OBUF_FIRST 4096
+void *h2_spare_take(h2_pool_t *p, int kind);
+void h2_spare_put(h2_pool_t *p, int kind, void *b);
 
 /* h2_events.c (event streams) */
 void h2__stream_end(h2_stream_t *st);

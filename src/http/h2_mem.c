@@ -20,6 +20,12 @@
  * freed it. A busy session makes no system call for this; one that goes
  * quiet makes one madvise, and pays two page faults when it speaks again.
  *
+ * The pool also keeps a few spare blocks of the sizes every request takes
+ * and gives back (its stream struct, request struct, header bytes' and
+ * response's first buffers: h2_spare_take), which are too big for glibc's
+ * per-thread cache; they go with the warm sessions' pages, once none is
+ * left.
+ *
  * Slots come from regions of H2_REGION_SLOTS, mapped on demand and kept
  * for the lane's life (address space, not memory: a free slot holds no
  * page, but for the few last freed, which the next sessions take warm).
@@ -44,6 +50,9 @@
 /* Blocks nghttp2 asks for at least this big while a session is made go to
  * its slot. */
 #define H2_MEM_BIG 4096
+/* Spare blocks of each kind a lane keeps (h2_spare_take): as many as the
+ * requests one read of a busy connection makes whole, about. */
+#define H2_SPARE_KEEP 16
 
 struct h2_pool {
   reactor_t *r;
@@ -55,6 +64,8 @@ struct h2_pool {
   h2_mem_t *warm;  /* sessions whose slot pages may be resident */
   size_t sessions; /* with a slot */
   mp_timer_t sweep;
+  void *spare[H2_SPARES][H2_SPARE_KEEP];
+  int nspare[H2_SPARES];
 };
 
 static size_t h2__round(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -72,8 +83,38 @@ h2_pool_t *h2_pool_new(reactor_t *r) {
   return p;
 }
 
+/* ---- spare blocks ---- */
+
+static size_t h2__spare_size(int kind) {
+  switch (kind) {
+  case H2_SPARE_STREAM: return sizeof(h2_stream_t);
+  case H2_SPARE_REQ: return sizeof(struct h2_req);
+  case H2_SPARE_HBUF: return H2_HBUF_FIRST;
+  default: return H2_OBUF_FIRST;
+  }
+}
+
+void *h2_spare_take(h2_pool_t *p, int kind) {
+  if (p && p->nspare[kind]) return p->spare[kind][--p->nspare[kind]];
+  return malloc(h2__spare_size(kind));
+}
+
+void h2_spare_put(h2_pool_t *p, int kind, void *b) {
+  if (p && b && p->nspare[kind] < H2_SPARE_KEEP)
+    p->spare[kind][p->nspare[kind]++] = b;
+  else
+    free(b);
+}
+
+/* The spare blocks go (the lane's sessions are quiet, or it ends). */
+static void h2__spares_free(h2_pool_t *p) {
+  for (int k = 0; k < H2_SPARES; k++)
+    while (p->nspare[k]) free(p->spare[k][--p->nspare[k]]);
+}
+
 void http_h2_pool_free(h2_pool_t *p) {
   if (!p) return;
+  h2__spares_free(p);
   /* (no session is left: the sweep was stopped with the last one) */
   for (size_t i = 0; i < p->nregions; i++)
     munmap(p->regions[i], p->slot * H2_REGION_SLOTS);
@@ -288,7 +329,10 @@ static void h2__sweep(mp_timer_t *t) {
     h2__unwarm(m);
   }
   h2__release_free(p);
-  if (!p->warm) timer_stop(reactor_timers(p->r), &p->sweep);
+  if (!p->warm) { /* every session is quiet: nothing needs spares */
+    h2__spares_free(p);
+    timer_stop(reactor_timers(p->r), &p->sweep);
+  }
 }
 
 void h2_mem_deinit(h2_mem_t *m) {
@@ -300,6 +344,7 @@ void h2_mem_deinit(h2_mem_t *m) {
   m->slot = NULL;
   if (--p->sessions == 0) { /* the lane may be ending: nothing stays armed */
     h2__release_free(p);
+    h2__spares_free(p);
     timer_stop(reactor_timers(p->r), &p->sweep);
   }
 }

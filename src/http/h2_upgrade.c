@@ -79,9 +79,8 @@ bool http_h2_upgrade(http_conn_t *hc) {
   const http_framer_t *h1 = hc->framer;
   if (!h2__init(hc)) return false;
   h2_conn_t *h = hc->proto;
-  h2_stream_t *st = h2__stream_new();
+  h2_stream_t *st = h2__stream_new(h);
   if (!st) goto fail;
-  st->h = h;
   st->id = 1;
   st->t_start = hc->x.t_start;
   st->anext = h->all;
