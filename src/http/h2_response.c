@@ -5,7 +5,6 @@
  * its body from the stream's buffer or its file as nghttp2 asks for it
  * (the stream's window allowing), deferred while the buffer is empty. */
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -94,14 +93,14 @@ int h2__submit_head(h2_conn_t *h, h2_stream_t *st, http_out_t *o, bool end) {
     free(low);
     return -ENOMEM;
   }
-  char status[8], clen[24];
-  int sl = snprintf(status, sizeof(status), "%d", hd->status);
+  char status[20], clen[20];
+  size_t sl = (size_t)(http_put_dec(status, (uint64_t)hd->status) - status);
   size_t k = 0;
-  nv[k++] = H2_NV(":status", 7, status, (size_t)sl);
+  nv[k++] = H2_NV(":status", 7, status, sl);
   nv[k++] = H2_NV("date", 4, http_date_now(), 29);
   if (o->len >= 0 && !h2__bodiless(hd->status)) {
-    int cl = snprintf(clen, sizeof(clen), "%lld", o->len);
-    nv[k++] = H2_NV("content-length", 14, clen, (size_t)cl);
+    size_t cl = (size_t)(http_put_dec(clen, (uint64_t)o->len) - clen);
+    nv[k++] = H2_NV("content-length", 14, clen, cl);
   }
   if (!hd->has_type && o->len != 0 && !h2__bodiless(hd->status))
     nv[k++] = H2_NV("content-type", 12, "text/plain; charset=utf-8", 25);
