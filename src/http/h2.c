@@ -724,6 +724,7 @@ static ssize_t h2__send_cb(nghttp2_session *s, const uint8_t *d, size_t n,
  * (h->flushing). */
 void h2__flush(h2_conn_t *h) {
   if (h->flushing || h->in_recv || !h->s) return;
+  h2_mem_wake(&h->mem);
   conn_t *c = h->hc->c;
   uint8_t gather[H2_GATHER];
   size_t got = 0;
@@ -904,6 +905,7 @@ static void h2_on_data(conn_t *c, const char *data, size_t len) {
   http_conn_t *hc = reactor_conn_udata(c);
   if (!hc || hc->state == HTTP_C_CLOSING) return;
   h2_conn_t *h = hc->proto;
+  h2_mem_wake(&h->mem);
   h->in_recv = true;
   ssize_t n = nghttp2_session_mem_recv(h->s, (const uint8_t *)data, len);
   h->in_recv = false;
@@ -1020,6 +1022,7 @@ static void h2_closed(conn_t *c, http_conn_t *hc, int reason) {
     for (h2_stream_t *st = h->all; st; st = st->anext)
       if (st->sops) st->sops->on_closed(c, st->sctx, reason);
     while (h->all) h2__stream_free(h->all);
+    h2_mem_wake(&h->mem); /* (nghttp2 frees the HPACK entries) */
     nghttp2_session_del(s);
     h2_mem_deinit(&h->mem);
     free(h);

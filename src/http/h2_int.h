@@ -58,9 +58,10 @@ typedef struct h2_pool h2_pool_t;
 
 /* A block of a session's slot: kept (given back when it reads as zeros:
  * the stream map's table), the frame buffer (given back when the session
- * has nothing to send), or freed by nghttp2. */
-enum { H2_BLOCK_KEEP, H2_BLOCK_FRAMES, H2_BLOCK_DEAD };
-#define H2_MEM_BLOCKS 4
+ * has nothing to send), an HPACK ring (its entries copied aside, then
+ * given back: h2_mem.c), or freed by nghttp2. */
+enum { H2_BLOCK_KEEP, H2_BLOCK_FRAMES, H2_BLOCK_RING, H2_BLOCK_DEAD };
+#define H2_MEM_BLOCKS 6
 typedef struct {
   uint32_t off, len;
   uint8_t kind;
@@ -77,6 +78,8 @@ typedef struct h2_mem {
   bool making; /* nghttp2 makes the session: big blocks go to the slot */
   bool warm;   /* its pages may be resident: in the pool's list */
   bool active; /* touched since the last sweep */
+  int nrings;  /* HPACK rings in the slot's first page */
+  void *rings; /* their entries while their page is given back, or NULL */
   struct h2_mem *wnext, **wprev;
 } h2_mem_t;
 
@@ -176,6 +179,13 @@ void h2_mem_init(h2_mem_t *m, h2_pool_t *p);
 void h2_mem_touch(h2_mem_t *m);
 /* After nghttp2_session_del: the slot goes back to the pool. */
 void h2_mem_deinit(h2_mem_t *m);
+/* Before any call of nghttp2's that may read or write its HPACK tables
+ * (mem_recv, mem_send, session_del): the rings a quiet session gave back
+ * get their entries again (a page fault and a few stores). */
+void h2__mem_wake(h2_mem_t *m);
+static inline void h2_mem_wake(h2_mem_t *m) {
+  if (m->rings) h2__mem_wake(m);
+}
 
 /* Spare blocks of a lane's (h2_mem.c): a request's stream struct (1.8
  * KiB), its request struct (3.5 KiB), its header bytes' first buffer and

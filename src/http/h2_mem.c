@@ -53,6 +53,12 @@
 /* Blocks nghttp2 asks for at least this big while a session is made go to
  * its slot. */
 #define H2_MEM_BIG 4096
+/* An HPACK ring: nghttp2's hd_ringbuf of a table's entry pointers, made
+ * with the session for a 4 KiB table (128 entries) whatever the table's
+ * size is to be, and the only blocks of this size a session is made with
+ * (nghttp2 1.52; the two of a session go to its slot's first page). */
+#define H2_RING_BYTES (128 * sizeof(void *))
+#define H2_RINGS 2
 /* Spare blocks of each kind a lane keeps (h2_spare_take): as many as the
  * requests one read of a busy connection makes whole, about. */
 #define H2_SPARE_KEEP 16
@@ -88,9 +94,10 @@ h2_pool_t *h2_pool_new(reactor_t *r) {
   long ps = sysconf(_SC_PAGESIZE);
   p->r = r;
   p->page = ps > 0 ? (size_t)ps : 4096;
-  /* the map's table and the frame buffer, each from a page boundary */
-  p->slot =
-      h2__round(H2_MEM_BIG, p->page) + h2__round((16u << 10) + 64, p->page);
+  /* the HPACK rings' page, the map's table and the frame buffer, each
+   * from a page boundary */
+  p->slot = p->page + h2__round(H2_MEM_BIG, p->page) +
+            h2__round((16u << 10) + 64, p->page);
   timer_init(&p->sweep);
   return p;
 }
@@ -240,6 +247,17 @@ static void *h2__block_new(h2_mem_t *m, size_t n, int kind) {
   if (!m->making || !m->slot || m->nblocks == H2_MEM_BLOCKS ||
       m->used + n > p->slot)
     return NULL;
+  if (n == H2_RING_BYTES && m->nrings < H2_RINGS &&
+      H2_RING_BYTES * H2_RINGS <= p->page) {
+    h2_block_t *b = &m->blocks[m->nblocks++];
+    b->off = (uint32_t)(m->nrings++ * H2_RING_BYTES);
+    b->len = (uint32_t)n;
+    b->kind = H2_BLOCK_RING;
+    /* zeros: the entries copied aside are the words that are not (a warm
+     * slot holds a former session's) */
+    memset(m->slot + b->off, 0, n);
+    return m->slot + b->off;
+  }
   if (n < H2_MEM_BIG) return NULL;
   h2_block_t *b = &m->blocks[m->nblocks++];
   b->off = (uint32_t)m->used;
@@ -301,7 +319,10 @@ void h2_mem_init(h2_mem_t *m, h2_pool_t *p) {
   m->mem = (nghttp2_mem){m, h2__malloc, h2__free, h2__calloc, h2__realloc};
   m->pool = p;
   m->slot = p ? h2__slot_take(p) : NULL;
-  if (m->slot) p->sessions++;
+  if (m->slot) {
+    p->sessions++;
+    m->used = p->page; /* (the first page is the rings') */
+  }
 }
 
 static void h2__sweep(mp_timer_t *t);
@@ -336,17 +357,78 @@ static bool h2__zero(const char *b, size_t n) {
   return any == 0;
 }
 
+/* The HPACK rings' entries, copied aside so that their page can go: for
+ * each ring a bitmap of its words that are not zero, then those words.
+ * nghttp2 reads only the words it wrote (an entry's, or one evicted since,
+ * which it never reads again), so zeros elsewhere change nothing. An idle
+ * session's rings hold a few entries (the date and content-type we sent,
+ * the client's authority and user agent): some 100 bytes aside instead of
+ * 2 KiB. False when out of memory (the page stays). */
+typedef uint64_t h2_ring_bits_t[H2_RING_BYTES / sizeof(void *) / 64];
+
+static bool h2__rings_save(h2_mem_t *m) {
+  size_t words = H2_RING_BYTES / sizeof(void *), nz = 0;
+  if (m->rings) return true; /* (aside since it was last quiet) */
+  for (int i = 0; i < m->nblocks; i++) {
+    if (m->blocks[i].kind != H2_BLOCK_RING) continue;
+    void **w = (void **)(void *)(m->slot + m->blocks[i].off);
+    for (size_t j = 0; j < words; j++) nz += w[j] != NULL;
+  }
+  char *save =
+      malloc((size_t)m->nrings * sizeof(h2_ring_bits_t) + nz * sizeof(void *));
+  if (!save) return false;
+  char *q = save;
+  for (int i = 0; i < m->nblocks; i++) {
+    if (m->blocks[i].kind != H2_BLOCK_RING) continue;
+    void **w = (void **)(void *)(m->slot + m->blocks[i].off);
+    uint64_t *bits = (uint64_t *)(void *)q;
+    q += sizeof(h2_ring_bits_t);
+    memset(bits, 0, sizeof(h2_ring_bits_t));
+    for (size_t j = 0; j < words; j++) {
+      if (!w[j]) continue;
+      bits[j / 64] |= (uint64_t)1 << (j % 64);
+      memcpy(q, &w[j], sizeof(void *));
+      q += sizeof(void *);
+    }
+  }
+  m->rings = save;
+  return true;
+}
+
+void h2__mem_wake(h2_mem_t *m) {
+  size_t words = H2_RING_BYTES / sizeof(void *);
+  const char *q = m->rings;
+  for (int i = 0; i < m->nblocks; i++) {
+    if (m->blocks[i].kind != H2_BLOCK_RING) continue;
+    void **w = (void **)(void *)(m->slot + m->blocks[i].off);
+    const uint64_t *bits = (const uint64_t *)(const void *)q;
+    q += sizeof(h2_ring_bits_t);
+    for (size_t j = 0; j < words; j++) {
+      if (!(bits[j / 64] >> (j % 64) & 1)) continue;
+      memcpy(&w[j], q, sizeof(void *));
+      q += sizeof(void *);
+    }
+  }
+  free(m->rings);
+  m->rings = NULL;
+}
+
 /* Gives back the pages of a quiet session's blocks that hold nothing it
- * needs: the frame buffer, zeros, freed blocks. Adjacent ones go in one
- * call. */
+ * needs: the frame buffer, zeros, freed blocks, and the rings' page once
+ * their entries are aside. Adjacent ones go in one call. */
 static void h2__give_back(h2_mem_t *m) {
   h2_pool_t *p = m->pool;
   size_t from = 0, to = 0; /* the run being gathered */
-  for (int i = 0; i <= m->nblocks; i++) {
+  for (int i = -1; i <= m->nblocks; i++) {
     bool go = false;
     size_t off = 0, end = 0;
-    if (i < m->nblocks) {
+    if (i < 0) { /* the rings' page, as one */
+      if (!m->nrings) continue;
+      end = p->page;
+      go = h2__rings_save(m);
+    } else if (i < m->nblocks) {
       h2_block_t *b = &m->blocks[i];
+      if (b->kind == H2_BLOCK_RING) continue;
       off = b->off;
       end = h2__round(b->off + b->len, p->page);
       go = b->kind == H2_BLOCK_DEAD || b->kind == H2_BLOCK_FRAMES ||
@@ -386,6 +468,8 @@ static void h2__sweep(mp_timer_t *t) {
 
 void h2_mem_deinit(h2_mem_t *m) {
   h2_pool_t *p = m->pool;
+  free(m->rings); /* (NULL: the session was woken for nghttp2_session_del) */
+  m->rings = NULL;
   if (!m->slot) return;
   bool warm = m->warm;
   h2__unwarm(m);

@@ -22,6 +22,7 @@
 static void h2__uninit(http_conn_t *hc, const http_framer_t *h1) {
   h2_conn_t *h = hc->proto;
   while (h->all) h2__stream_free(h->all);
+  h2_mem_wake(&h->mem); /* (never quiet yet: for the shape) */
   nghttp2_session_del(h->s);
   h2_mem_deinit(&h->mem); /* (its slot goes back to the lane's pool) */
   free(h);
