@@ -27,15 +27,6 @@ static char *rs__put(char *p, const char *s, size_t n) {
 }
 #define RS_PUT(p, lit) rs__put(p, lit, sizeof(lit) - 1)
 
-char *http_put_dec(char *p, uint64_t v) {
-  char tmp[20];
-  int i = 0;
-  do tmp[i++] = (char)('0' + v % 10);
-  while ((v /= 10));
-  while (i) *p++ = tmp[--i];
-  return p;
-}
-
 char *http_put_hex(char *p, uint64_t v) {
   static const char digits[] = "0123456789abcdef";
   char tmp[16];
