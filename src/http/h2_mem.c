@@ -404,18 +404,18 @@ static bool h2__rings_save(h2_mem_t *m) {
 }
 
 void h2__mem_wake(h2_mem_t *m) {
-  size_t words = H2_RING_BYTES / sizeof(void *);
   const char *q = m->rings;
   for (int i = 0; i < m->nblocks; i++) {
     if (m->blocks[i].kind != H2_BLOCK_RING) continue;
     void **w = (void **)(void *)(m->slot + m->blocks[i].off);
-    const uint64_t *bits = (const uint64_t *)(const void *)q;
-    q += sizeof(h2_ring_bits_t);
-    for (size_t j = 0; j < words; j++) {
-      if (!(bits[j / 64] >> (j % 64) & 1)) continue;
-      memcpy(&w[j], q, sizeof(void *));
-      q += sizeof(void *);
-    }
+    uint64_t bits[sizeof(h2_ring_bits_t) / sizeof(uint64_t)];
+    memcpy(bits, q, sizeof(bits));
+    q += sizeof(bits);
+    for (size_t k = 0; k < sizeof(bits) / sizeof(bits[0]); k++)
+      for (uint64_t b = bits[k]; b; b &= b - 1) { /* (its set bits) */
+        memcpy(&w[k * 64 + (size_t)__builtin_ctzll(b)], q, sizeof(void *));
+        q += sizeof(void *);
+      }
   }
   free(m->rings);
   m->rings = NULL;
