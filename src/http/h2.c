@@ -45,12 +45,26 @@ static void h2__schedule(h2_conn_t *h);
 
 static void h2__unqueue(h2_conn_t *h, h2_stream_t *st);
 
-h2_stream_t *h2__stream_new(void) {
-  h2_stream_t *st = malloc(sizeof(*st));
+h2_stream_t *h2__stream_new(h2_conn_t *h) {
+  h2_stream_t *st = h2_spare_take(h->mem.pool, H2_SPARE_STREAM);
   if (!st) return NULL;
   memset(st, 0, offsetof(h2_stream_t, off));
+  st->h = h;
   st->fd = -1;
   return st;
+}
+
+/* The stream's header bytes and request struct go back to the lane. */
+static void h2__request_free(h2_stream_t *st) {
+  h2_pool_t *p = st->h->mem.pool;
+  if (st->hcap == H2_HBUF_FIRST)
+    h2_spare_put(p, H2_SPARE_HBUF, st->hb);
+  else
+    free(st->hb);
+  if (st->rq) {
+    http_out_reset(&st->rq->out);
+    h2_spare_put(p, H2_SPARE_REQ, st->rq);
+  }
 }
 
 void h2__stream_free(h2_stream_t *st) {
@@ -61,29 +75,24 @@ void h2__stream_free(h2_stream_t *st) {
   h->buffered -= st->blen;
   *st->aprev = st->anext;
   if (st->anext) st->anext->aprev = st->aprev;
-  if (st->rq) {
-    http_out_reset(&st->rq->out);
-    free(st->rq);
-  }
+  h2__request_free(st);
   if (st->fd >= 0) close(st->fd);
-  free(st->hb);
   free(st->body);
-  free(st->ob);
-  free(st);
+  if (st->ocap == H2_OBUF_FIRST)
+    h2_spare_put(h->mem.pool, H2_SPARE_OBUF, st->ob);
+  else
+    free(st->ob);
+  h2_spare_put(h->mem.pool, H2_SPARE_STREAM, st);
 }
 
 /* The request's parts go (the response keeps only its body). */
 static void h2__drop_request(h2_stream_t *st) {
   st->h->buffered -= st->blen;
-  free(st->hb);
+  h2__request_free(st);
   free(st->body);
   st->hb = st->body = NULL;
+  st->rq = NULL;
   st->blen = st->bcap = st->hlen = st->hcap = 0;
-  if (st->rq) {
-    http_out_reset(&st->rq->out);
-    free(st->rq);
-    st->rq = NULL;
-  }
 }
 
 void h2__enqueue(h2_conn_t *h, h2_stream_t *st) {
@@ -117,9 +126,8 @@ static int h2__on_begin_headers(nghttp2_session *s, const nghttp2_frame *f,
   h2_conn_t *h = ud;
   if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
     return 0;
-  h2_stream_t *st = h2__stream_new();
+  h2_stream_t *st = h2__stream_new(h);
   if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
-  st->h = h;
   st->id = f->hd.stream_id;
   st->t_start = reactor_now(h->hc->srv->r);
   st->anext = h->all;
@@ -136,7 +144,9 @@ long h2__hput(h2_stream_t *st, const uint8_t *p, size_t n) {
   if (st->hlen + n > st->hcap) {
     size_t cap = st->hcap ? st->hcap : 512;
     while (cap < st->hlen + n) cap *= 2;
-    char *b = realloc(st->hb, cap);
+    char *b = !st->hb && cap == H2_HBUF_FIRST
+                  ? h2_spare_take(st->h->mem.pool, H2_SPARE_HBUF)
+                  : realloc(st->hb, cap);
     if (!b) return -1;
     st->hb = b;
     st->hcap = cap;
@@ -198,7 +208,7 @@ static int h2__on_header(nghttp2_session *s, const nghttp2_frame *f,
 bool h2__make_request(h2_conn_t *h, h2_stream_t *st) {
   /* headers[] (3.2 KiB) is read up to nheaders only: the rest of the
    * struct is zeroed, not all of it, for each request */
-  st->rq = malloc(sizeof(*st->rq));
+  st->rq = h2_spare_take(h->mem.pool, H2_SPARE_REQ);
   if (!st->rq) return false;
   http_request_t *r = &st->rq->req;
   memset(r, 0, offsetof(http_request_t, headers));
@@ -714,11 +724,17 @@ static ssize_t h2__send_cb(nghttp2_session *s, const uint8_t *d, size_t n,
  * (h->flushing). */
 void h2__flush(h2_conn_t *h) {
   if (h->flushing || h->in_recv || !h->s) return;
+  h2_mem_wake(&h->mem);
   conn_t *c = h->hc->c;
   uint8_t gather[H2_GATHER];
   size_t got = 0;
   h->flushing = true;
-  while (reactor_conn_pending(c) + got < H2_SEND_BUDGET) {
+  /* A mem_send with nothing to send costs about 300 instructions, and a
+   * request's read and its run each ended with one: want_write (a few
+   * pointer tests) asks first. After a frame it says yes until the call
+   * that returns 0, which finishes that frame's bookkeeping. */
+  while (nghttp2_session_want_write(h->s) &&
+         reactor_conn_pending(c) + got < H2_SEND_BUDGET) {
     const uint8_t *p;
     ssize_t n = nghttp2_session_mem_send(h->s, &p);
     if (n < 0) {
@@ -889,6 +905,7 @@ static void h2_on_data(conn_t *c, const char *data, size_t len) {
   http_conn_t *hc = reactor_conn_udata(c);
   if (!hc || hc->state == HTTP_C_CLOSING) return;
   h2_conn_t *h = hc->proto;
+  h2_mem_wake(&h->mem);
   h->in_recv = true;
   ssize_t n = nghttp2_session_mem_recv(h->s, (const uint8_t *)data, len);
   h->in_recv = false;
@@ -906,11 +923,14 @@ static void h2_on_data(conn_t *c, const char *data, size_t len) {
     reactor_conn_close(c, CONN_LOCAL);
     return;
   }
-  h2__flush(h);
-  h2__body_tell(h);
   /* in the connection's own callback (not a handler's): the requests that
-   * became whole run now, as HTTP/1.1's do from its read */
-  if (!h->cur && hc->state == HTTP_C_HEAD && !h->task) h2__run(h);
+   * became whole run now, as HTTP/1.1's do from its read, and the run's
+   * flush sends what the read queued too (a first request's SETTINGS ack
+   * goes with its answer: one write) */
+  bool run = !h->cur && hc->state == HTTP_C_HEAD && !h->task && !h->in_run;
+  if (!run) h2__flush(h);
+  h2__body_tell(h);
+  if (run) h2__run(h);
 }
 
 static void h2_on_timeout(conn_t *c) {
@@ -1002,6 +1022,7 @@ static void h2_closed(conn_t *c, http_conn_t *hc, int reason) {
     for (h2_stream_t *st = h->all; st; st = st->anext)
       if (st->sops) st->sops->on_closed(c, st->sctx, reason);
     while (h->all) h2__stream_free(h->all);
+    h2_mem_wake(&h->mem); /* (nghttp2 frees the HPACK entries) */
     nghttp2_session_del(s);
     h2_mem_deinit(&h->mem);
     free(h);

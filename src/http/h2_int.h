@@ -58,9 +58,10 @@ typedef struct h2_pool h2_pool_t;
 
 /* A block of a session's slot: kept (given back when it reads as zeros:
  * the stream map's table), the frame buffer (given back when the session
- * has nothing to send), or freed by nghttp2. */
-enum { H2_BLOCK_KEEP, H2_BLOCK_FRAMES, H2_BLOCK_DEAD };
-#define H2_MEM_BLOCKS 4
+ * has nothing to send), an HPACK ring (its entries copied aside, then
+ * given back: h2_mem.c), or freed by nghttp2. */
+enum { H2_BLOCK_KEEP, H2_BLOCK_FRAMES, H2_BLOCK_RING, H2_BLOCK_DEAD };
+#define H2_MEM_BLOCKS 6
 typedef struct {
   uint32_t off, len;
   uint8_t kind;
@@ -77,6 +78,8 @@ typedef struct h2_mem {
   bool making; /* nghttp2 makes the session: big blocks go to the slot */
   bool warm;   /* its pages may be resident: in the pool's list */
   bool active; /* touched since the last sweep */
+  int nrings;  /* HPACK rings in the slot's first page */
+  void *rings; /* their entries while their page is given back, or NULL */
   struct h2_mem *wnext, **wprev;
 } h2_mem_t;
 
@@ -148,9 +151,10 @@ struct h2_conn {
 
 /* h2.c (the session, streams, exchanges, the connection) */
 void h2__stream_free(h2_stream_t *st);
-/* A new stream, zeroed but for off[] (1.6 KiB not cleared per request),
- * with no fd; NULL when out of memory. */
-h2_stream_t *h2__stream_new(void);
+/* A new stream of h's (st->h set, in no list), zeroed but for off[]
+ * (1.6 KiB not cleared per request), with no fd; NULL when out of
+ * memory. */
+h2_stream_t *h2__stream_new(h2_conn_t *h);
 void h2__enqueue(h2_conn_t *h, h2_stream_t *st);
 long h2__hput(h2_stream_t *st, const uint8_t *p, size_t n);
 bool h2__make_request(h2_conn_t *h, h2_stream_t *st);
@@ -175,6 +179,27 @@ void h2_mem_init(h2_mem_t *m, h2_pool_t *p);
 void h2_mem_touch(h2_mem_t *m);
 /* After nghttp2_session_del: the slot goes back to the pool. */
 void h2_mem_deinit(h2_mem_t *m);
+/* Before any call of nghttp2's that may read or write its HPACK tables
+ * (mem_recv, mem_send, session_del): the rings a quiet session gave back
+ * get their entries again (a page fault and a few stores). */
+void h2__mem_wake(h2_mem_t *m);
+static inline void h2_mem_wake(h2_mem_t *m) {
+  if (m->rings) h2__mem_wake(m);
+}
+
+/* Spare blocks of a lane's (h2_mem.c): a request's stream struct (1.8
+ * KiB), its request struct (3.5 KiB), its header bytes' first buffer and
+ * its response's first buffer. Past glibc's per-thread cache in size, each
+ * cost a malloc and a free of some 300 instructions a request; a lane
+ * keeps a few of each instead, and gives them back once its sessions are
+ * quiet (the sweep). Takes a block of the kind's size (malloc when the
+ * lane has none; p NULL: malloc), or NULL when out of memory; gives one
+ * back (NULL: nothing; free when the lane keeps enough). */
+enum { H2_SPARE_STREAM, H2_SPARE_REQ, H2_SPARE_HBUF, H2_SPARE_OBUF, H2_SPARES };
+#define H2_HBUF_FIRST 512
+#define H2_OBUF_FIRST 4096
+void *h2_spare_take(h2_pool_t *p, int kind);
+void h2_spare_put(h2_pool_t *p, int kind, void *b);
 
 /* h2_events.c (event streams) */
 void h2__stream_end(h2_stream_t *st);

@@ -5,7 +5,6 @@
  * its body from the stream's buffer or its file as nghttp2 asks for it
  * (the stream's window allowing), deferred while the buffer is empty. */
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -94,14 +93,14 @@ int h2__submit_head(h2_conn_t *h, h2_stream_t *st, http_out_t *o, bool end) {
     free(low);
     return -ENOMEM;
   }
-  char status[8], clen[24];
-  int sl = snprintf(status, sizeof(status), "%d", hd->status);
+  char status[20], clen[20];
+  size_t sl = (size_t)(http_put_dec(status, (uint64_t)hd->status) - status);
   size_t k = 0;
-  nv[k++] = H2_NV(":status", 7, status, (size_t)sl);
+  nv[k++] = H2_NV(":status", 7, status, sl);
   nv[k++] = H2_NV("date", 4, http_date_now(), 29);
   if (o->len >= 0 && !h2__bodiless(hd->status)) {
-    int cl = snprintf(clen, sizeof(clen), "%lld", o->len);
-    nv[k++] = H2_NV("content-length", 14, clen, (size_t)cl);
+    size_t cl = (size_t)(http_put_dec(clen, (uint64_t)o->len) - clen);
+    nv[k++] = H2_NV("content-length", 14, clen, cl);
   }
   if (!hd->has_type && o->len != 0 && !h2__bodiless(hd->status))
     nv[k++] = H2_NV("content-type", 12, "text/plain; charset=utf-8", 25);
@@ -148,10 +147,12 @@ int h2__obuf_put(h2_stream_t *st, const char *p, size_t n, size_t max) {
       st->olen -= st->ooff;
       st->ooff = 0;
     }
-    size_t cap = st->ocap ? st->ocap : 4096;
+    size_t cap = st->ocap ? st->ocap : H2_OBUF_FIRST;
     while (cap < st->olen + n) cap *= 2;
     if (cap != st->ocap) {
-      char *b = realloc(st->ob, cap);
+      char *b = !st->ob && cap == H2_OBUF_FIRST
+                    ? h2_spare_take(st->h->mem.pool, H2_SPARE_OBUF)
+                    : realloc(st->ob, cap);
       if (!b) return -ENOMEM;
       st->ob = b;
       st->ocap = cap;
@@ -177,7 +178,10 @@ int h2__out(http_exchange_t *x, const char *p, size_t n, bool last,
     rc = h2__submit_head(h, st, x->out, last && st->olen == 0);
   else if (st->deferred && nghttp2_session_resume_data(h->s, st->id) == 0)
     st->deferred = false;
-  h2__flush(h);
+  /* a whole answer given inside h2__run (a handler that answered at once)
+   * goes with the run's own flush, gathered with the answers of the
+   * streams it runs next: one write, one TLS record for them all */
+  if (!h->in_run || !last) h2__flush(h);
 out:
   if (release) release(ctx, ctx2);
   return rc;
@@ -196,6 +200,6 @@ int h2__out_file(http_exchange_t *x, int fd, off_t off, uint64_t len) {
   st->fleft = len;
   st->olast = true;
   int rc = h2__submit_head(h, st, x->out, false);
-  h2__flush(h);
+  if (!h->in_run) h2__flush(h); /* (else the run's flush, as in h2__out) */
   return rc;
 }

@@ -22,7 +22,9 @@
 static void h2__uninit(http_conn_t *hc, const http_framer_t *h1) {
   h2_conn_t *h = hc->proto;
   while (h->all) h2__stream_free(h->all);
+  h2_mem_wake(&h->mem); /* (never quiet yet: for the shape) */
   nghttp2_session_del(h->s);
+  h2_mem_deinit(&h->mem); /* (its slot goes back to the lane's pool) */
   free(h);
   hc->proto = NULL;
   hc->framer = h1;
@@ -79,9 +81,8 @@ bool http_h2_upgrade(http_conn_t *hc) {
   const http_framer_t *h1 = hc->framer;
   if (!h2__init(hc)) return false;
   h2_conn_t *h = hc->proto;
-  h2_stream_t *st = h2__stream_new();
+  h2_stream_t *st = h2__stream_new(h);
   if (!st) goto fail;
-  st->h = h;
   st->id = 1;
   st->t_start = hc->x.t_start;
   st->anext = h->all;

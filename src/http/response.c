@@ -27,15 +27,6 @@ static char *rs__put(char *p, const char *s, size_t n) {
 }
 #define RS_PUT(p, lit) rs__put(p, lit, sizeof(lit) - 1)
 
-static char *rs__put_uint(char *p, uint64_t v) {
-  char tmp[20];
-  int i = 0;
-  do tmp[i++] = (char)('0' + v % 10);
-  while ((v /= 10));
-  while (i) *p++ = tmp[--i];
-  return p;
-}
-
 char *http_put_hex(char *p, uint64_t v) {
   static const char digits[] = "0123456789abcdef";
   char tmp[16];
@@ -55,7 +46,7 @@ char *http_put_hex(char *p, uint64_t v) {
 static char *rs__head_bytes(const http_out_t *o, char *p) {
   const http_head_t *h = &o->h;
   p = RS_PUT(p, "HTTP/1.1 ");
-  p = rs__put_uint(p, (uint64_t)h->status);
+  p = http_put_dec(p, (uint64_t)h->status);
   *p++ = ' ';
   const char *reason = http_reason(h->status);
   p = rs__put(p, reason, strlen(reason));
@@ -66,7 +57,7 @@ static char *rs__head_bytes(const http_out_t *o, char *p) {
     p = RS_PUT(p, "Transfer-Encoding: chunked\r\n");
   } else if (o->len >= 0 && !rs__bodiless(h->status)) {
     p = RS_PUT(p, "Content-Length: ");
-    p = rs__put_uint(p, (uint64_t)o->len);
+    p = http_put_dec(p, (uint64_t)o->len);
     p = RS_PUT(p, "\r\n");
   }
   if (!h->keep_alive)
@@ -447,7 +438,7 @@ int http_res_sse(http_exchange_t *x, const http_head_t *h,
   if (!buf) return -ENOMEM;
   char *p = buf;
   p = RS_PUT(p, "HTTP/1.1 ");
-  p = rs__put_uint(p, (uint64_t)h->status);
+  p = http_put_dec(p, (uint64_t)h->status);
   *p++ = ' ';
   const char *reason = http_reason(h->status);
   p = rs__put(p, reason, strlen(reason));

@@ -199,5 +199,17 @@ static inline void http_out_reset(http_out_t *o) {
 /* Writes v in lower-case hex at p (at most 16 bytes, no NUL); returns the
  * end. The chunk sizes' writer, also the static sender's ETags'. */
 char *http_put_hex(char *p, uint64_t v);
+/* Writes v in decimal at p (at most 20 bytes, no NUL); returns the end.
+ * The status and Content-Length writer of HTTP/1.1's heads and HTTP/2's
+ * (snprintf cost 350 instructions each, a tenth of this); inline, so
+ * that h2 (and fuzz_h2, which stubs response.c) needs no more of it. */
+static inline char *http_put_dec(char *p, uint64_t v) {
+  char tmp[20];
+  int i = 0;
+  do tmp[i++] = (char)('0' + v % 10);
+  while ((v /= 10));
+  while (i) *p++ = tmp[--i];
+  return p;
+}
 
 #endif
