@@ -77,6 +77,13 @@
 #define H2_SMALL_MIN 24
 #define H2_SMALL_MAX (H2_SMALL_MIN + 16 * (H2_SMALL_CLASSES - 1))
 #define H2_SMALL_KEEP 32
+/* Neither spare nor small blocks are kept under ASan, so that a use after
+ * free is still caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define H2_KEEP_BLOCKS false
+#else
+#define H2_KEEP_BLOCKS true
+#endif
 
 struct h2_pool {
   reactor_t *r;
@@ -127,7 +134,7 @@ void *h2_spare_take(h2_pool_t *p, int kind) {
 }
 
 void h2_spare_put(h2_pool_t *p, int kind, void *b) {
-  if (p && b && p->nspare[kind] < H2_SPARE_KEEP)
+  if (H2_KEEP_BLOCKS && p && b && p->nspare[kind] < H2_SPARE_KEEP)
     p->spare[kind][p->nspare[kind]++] = b;
   else
     free(b);
@@ -163,6 +170,7 @@ static void *h2__small_take(h2_pool_t *p, size_t n) {
 /* Keeps b (a malloc block) in the class its usable size fills; false when
  * it is too small, too big or its class is full. */
 static bool h2__small_put(h2_pool_t *p, void *b) {
+  if (!H2_KEEP_BLOCKS) return false;
   size_t u = malloc_usable_size(b);
   if (u < H2_SMALL_MIN || u > H2_SMALL_MAX + 15) return false;
   size_t k = (u - H2_SMALL_MIN) / 16;
