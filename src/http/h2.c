@@ -57,10 +57,7 @@ h2_stream_t *h2__stream_new(h2_conn_t *h) {
 /* The stream's header bytes and request struct go back to the lane. */
 static void h2__request_free(h2_stream_t *st) {
   h2_pool_t *p = st->h->mem.pool;
-  if (st->hcap == H2_HBUF_FIRST)
-    h2_spare_put(p, H2_SPARE_HBUF, st->hb);
-  else
-    free(st->hb);
+  h2_spare_free(p, H2_SPARE_HBUF, st->hb, st->hcap);
   if (st->rq) {
     http_out_reset(&st->rq->out);
     h2_spare_put(p, H2_SPARE_REQ, st->rq);
@@ -78,10 +75,7 @@ void h2__stream_free(h2_stream_t *st) {
   h2__request_free(st);
   if (st->fd >= 0) close(st->fd);
   free(st->body);
-  if (st->ocap == H2_OBUF_FIRST)
-    h2_spare_put(h->mem.pool, H2_SPARE_OBUF, st->ob);
-  else
-    free(st->ob);
+  h2_spare_free(h->mem.pool, H2_SPARE_OBUF, st->ob, st->ocap);
   h2_spare_put(h->mem.pool, H2_SPARE_STREAM, st);
 }
 
@@ -142,11 +136,9 @@ static int h2__on_begin_headers(nghttp2_session *s, const nghttp2_frame *f,
 /* Appends n bytes to the stream's header bytes; their offset, or -1. */
 long h2__hput(h2_stream_t *st, const uint8_t *p, size_t n) {
   if (st->hlen + n > st->hcap) {
-    size_t cap = st->hcap ? st->hcap : 512;
+    size_t cap = st->hcap ? st->hcap : H2_HBUF_FIRST;
     while (cap < st->hlen + n) cap *= 2;
-    char *b = !st->hb && cap == H2_HBUF_FIRST
-                  ? h2_spare_take(st->h->mem.pool, H2_SPARE_HBUF)
-                  : realloc(st->hb, cap);
+    char *b = h2_spare_realloc(st->h->mem.pool, H2_SPARE_HBUF, st->hb, cap);
     if (!b) return -1;
     st->hb = b;
     st->hcap = cap;

@@ -200,6 +200,12 @@ enum { H2_SPARE_STREAM, H2_SPARE_REQ, H2_SPARE_HBUF, H2_SPARE_OBUF, H2_SPARES };
 #define H2_OBUF_FIRST 4096
 void *h2_spare_take(h2_pool_t *p, int kind);
 void h2_spare_put(h2_pool_t *p, int kind, void *b);
+/* A buffer of the kind (header bytes, response) grown to cap: its first
+ * (b NULL, cap the kind's size) is a spare, the rest realloc; NULL when out
+ * of memory. Freed by h2_spare_free with its cap: a spare again when of
+ * the kind's size, free otherwise. */
+void *h2_spare_realloc(h2_pool_t *p, int kind, void *b, size_t cap);
+void h2_spare_free(h2_pool_t *p, int kind, void *b, size_t cap);
 
 /* h2_events.c (event streams) */
 void h2__stream_end(h2_stream_t *st);

@@ -140,6 +140,18 @@ void h2_spare_put(h2_pool_t *p, int kind, void *b) {
     free(b);
 }
 
+void *h2_spare_realloc(h2_pool_t *p, int kind, void *b, size_t cap) {
+  if (!b && cap == h2__spare_size(kind)) return h2_spare_take(p, kind);
+  return realloc(b, cap);
+}
+
+void h2_spare_free(h2_pool_t *p, int kind, void *b, size_t cap) {
+  if (cap == h2__spare_size(kind))
+    h2_spare_put(p, kind, b);
+  else
+    free(b);
+}
+
 /* The spare and small blocks go (the lane's sessions are quiet, or it
  * ends). */
 static void h2__spares_free(h2_pool_t *p) {

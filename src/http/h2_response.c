@@ -150,9 +150,7 @@ int h2__obuf_put(h2_stream_t *st, const char *p, size_t n, size_t max) {
     size_t cap = st->ocap ? st->ocap : H2_OBUF_FIRST;
     while (cap < st->olen + n) cap *= 2;
     if (cap != st->ocap) {
-      char *b = !st->ob && cap == H2_OBUF_FIRST
-                    ? h2_spare_take(st->h->mem.pool, H2_SPARE_OBUF)
-                    : realloc(st->ob, cap);
+      char *b = h2_spare_realloc(st->h->mem.pool, H2_SPARE_OBUF, st->ob, cap);
       if (!b) return -ENOMEM;
       st->ob = b;
       st->ocap = cap;
